@@ -1,0 +1,477 @@
+"""ARMT: an associative recurrent memory wrapped around a pretrained decoder.
+
+The input is cut into segments of S tokens. Each segment runs through the base model as usual,
+with M learned write tokens appended at its end. In every memory layer the hidden states are
+first given what the memory returns for them (the read), and after the layer the outputs of the
+write tokens are written into the memory with the delta rule (`edgemem.memory`).
+
+The one contract everything else builds on:
+
+    step(input_ids [B, S], state) -> state'       # read, run the segment, write
+    answer(state, question) -> iterator of text   # the question is the last segment: read only
+
+`MemoryState` is a plain value (per memory layer A [B, K, D] and z [B, K]) that functions take
+and return; nothing about a document is stored on a module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+from torch import Tensor, nn
+
+from edgemem.errors import EdgememError
+from edgemem.memory import AssociativeMemory
+
+ADAPTER_FORMAT = "edgemem-adapter/1"
+
+
+def default_memory_layers(num_layers: int, fraction: float = 0.2) -> tuple[int, ...]:
+    """About `fraction` of the layers, evenly spread over the middle and upper part (from 40% depth).
+
+    30 layers (SmolLM2) -> (12, 15, 18, 21, 24, 27); 18 layers (Gemma-3-270M) -> (7, 9, 12, 15).
+    """
+    count = max(1, round(fraction * num_layers))
+    start = int(0.4 * num_layers)
+    step = (num_layers - start) / count
+    return tuple(sorted({start + int(i * step) for i in range(count)}))
+
+
+@dataclass(frozen=True)
+class ARMTConfig:
+    """Memory hyper-parameters. They travel with the adapter file.
+
+    segment_len: 512 tokens by default. The segment is the attention window of each step: long
+    enough for a passage and a question to sit together, short enough that attention stays cheap
+    on a CPU, and 16 write tokens add only 3% to every segment (256 would add 6%, and give the
+    memory twice as many writes to compress).
+    """
+
+    memory_layers: tuple[int, ...]
+    segment_len: int = 512
+    num_write_tokens: int = 16
+    d_mem: int = 64
+    nu: int = 3
+
+    @classmethod
+    def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
+        overrides.setdefault("memory_layers", default_memory_layers(num_layers))
+        overrides["memory_layers"] = tuple(overrides["memory_layers"])  # type: ignore[arg-type]
+        return cls(**overrides)  # type: ignore[arg-type]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ARMTConfig:
+        data = json.loads(text)
+        data["memory_layers"] = tuple(data["memory_layers"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """The whole memory of a document: per memory layer A [B, K, D] and z [B, K] (float32).
+
+    `writes` counts the segments written so far; the first write follows its own rule.
+    The shapes never depend on how many segments were written.
+    """
+
+    A: dict[int, Tensor]
+    z: dict[int, Tensor]
+    writes: int = 0
+
+    def named_tensors(self) -> dict[str, Tensor]:
+        """Flat names for saving: 'layers.<i>.A', 'layers.<i>.z'."""
+        out: dict[str, Tensor] = {}
+        for layer in sorted(self.A):
+            out[f"layers.{layer}.A"] = self.A[layer]
+            out[f"layers.{layer}.z"] = self.z[layer]
+        return out
+
+    @classmethod
+    def from_named_tensors(cls, tensors: dict[str, Tensor], writes: int) -> MemoryState:
+        A, z = {}, {}
+        for name, tensor in tensors.items():
+            parts = name.split(".")
+            if len(parts) != 3 or parts[0] != "layers" or parts[2] not in ("A", "z"):
+                continue
+            (A if parts[2] == "A" else z)[int(parts[1])] = tensor
+        return cls(A, z, writes)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.named_tensors().values())
+
+
+@dataclass
+class _SegmentContext:
+    """Per-call carrier of the state through the decoder (passed as a forward kwarg, never stored)."""
+
+    state: MemoryState
+    write_tokens: int  # 0: read only (the answer segment)
+    new_A: dict[int, Tensor] = field(default_factory=dict)
+    new_z: dict[int, Tensor] = field(default_factory=dict)
+
+
+class MemoryLayer(nn.Module):
+    """Wraps one decoder layer: memory read at its input, memory write from its write-token outputs.
+
+    Holds a reference to the original layer (no copy of base weights). Without an `armt` context
+    it is exactly the original layer.
+    """
+
+    def __init__(self, layer: nn.Module, memory: AssociativeMemory, index: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.memory = memory
+        self.index = index
+
+    def forward(self, hidden_states: Tensor, *args: object, armt: _SegmentContext | None = None, **kwargs):
+        if armt is None:
+            return self.layer(hidden_states, *args, **kwargs)
+        A, z = armt.state.A[self.index], armt.state.z[self.index]
+        if armt.state.writes > 0:  # an empty memory reads exactly zero: skip the work
+            hidden_states = hidden_states + self.memory.read(hidden_states, A, z).to(hidden_states.dtype)
+        out = self.layer(hidden_states, *args, **kwargs)
+        if armt.write_tokens:
+            m = out[:, -armt.write_tokens :]
+            armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
+                m, A, z, first=armt.state.writes == 0
+            )
+        return out
+
+
+def _decoder_layers(base: nn.Module) -> nn.ModuleList:
+    layers = getattr(getattr(base, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise EdgememError(f"{type(base).__name__}: no decoder-layer list at .model.layers")
+    return layers
+
+
+class ARMT(nn.Module):
+    """A base causal LM with associative memory in `config.memory_layers`.
+
+    The memory parameters (per layer W_Q, W_K, W_V, W_b, and the M write embeddings) are float32
+    and are the only new weights; they are created deterministically from `seed` so an untrained
+    memory always has the same adapter hash.
+    """
+
+    def __init__(self, base: nn.Module, config: ARMTConfig, seed: int = 0) -> None:
+        super().__init__()
+        layers = _decoder_layers(base)
+        bad = [i for i in config.memory_layers if not 0 <= i < len(layers)]
+        if bad:
+            raise EdgememError(f"memory layers {bad} out of range: the model has {len(layers)} layers")
+        self.base = base
+        self.config = config
+        d_model = base.config.hidden_size
+        embed = base.get_input_embeddings()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.memories = nn.ModuleDict(
+                {str(i): AssociativeMemory(d_model, config.d_mem, config.nu) for i in config.memory_layers}
+            )
+            std = embed.weight.detach().float().std().item()
+            self.write_embeddings = nn.Parameter(torch.randn(config.num_write_tokens, d_model) * std)
+        for i in config.memory_layers:
+            if not isinstance(layers[i], MemoryLayer):
+                layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i)
+
+    # ----- the state -----
+
+    def empty_state(self, batch: int = 1) -> MemoryState:
+        device = self.write_embeddings.device
+        A, z = {}, {}
+        for i in self.config.memory_layers:
+            A[i], z[i] = self.memories[str(i)].empty_state(batch, device)
+        return MemoryState(A, z, 0)
+
+    def state_shapes(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(t.shape) for name, t in self.empty_state(batch).named_tensors().items()}
+
+    # ----- the segment step -----
+
+    def _embed(self, input_ids: Tensor, write: bool) -> Tensor:
+        """[B, S] ids -> [B, S (+ M), D] input embeddings, write tokens appended when `write`."""
+        embeds = self.base.get_input_embeddings()(input_ids)
+        if write:
+            batch = input_ids.shape[0]
+            mem = self.write_embeddings.to(embeds.dtype).unsqueeze(0).expand(batch, -1, -1)
+            embeds = torch.cat([embeds, mem], dim=1)
+        return embeds
+
+    def step(
+        self, input_ids: Tensor, state: MemoryState, return_logits: bool = False
+    ) -> tuple[MemoryState, Tensor | None]:
+        """Run one segment: read memory, run the base model, write the segment into memory.
+
+        input_ids [B, S] -> (new state, logits [B, S, V] for the segment tokens if asked).
+        """
+        ctx = _SegmentContext(state, self.config.num_write_tokens)
+        embeds = self._embed(input_ids, write=True)
+        if return_logits:
+            out = self.base(inputs_embeds=embeds, use_cache=False, armt=ctx)
+            logits = out.logits[:, : input_ids.shape[1]]
+        else:  # ingest needs no logits: skip the LM head
+            self.base.model(inputs_embeds=embeds, use_cache=False, armt=ctx)
+            logits = None
+        return MemoryState(ctx.new_A, ctx.new_z, state.writes + 1), logits
+
+    def read_only_forward(self, input_ids: Tensor, state: MemoryState, cache: object | None = None) -> Tensor:
+        """The answer segment and each generated token: read memory, never write. -> logits [B, V] of the last position."""
+        ctx = _SegmentContext(state, 0)
+        out = self.base(
+            inputs_embeds=self._embed(input_ids, write=False),
+            cache=cache,
+            use_cache=cache is not None,
+            logits_to_keep=1,
+            armt=ctx,
+        )
+        return out.logits[:, -1]
+
+    # ----- the adapter (memory parameters) -----
+
+    def adapter_tensors(self) -> dict[str, Tensor]:
+        tensors = {f"memory.{k}": v.detach().contiguous() for k, v in self.memories.state_dict().items()}
+        tensors["write_embeddings"] = self.write_embeddings.detach().contiguous()
+        return tensors
+
+    def load_adapter_tensors(self, tensors: dict[str, Tensor]) -> None:
+        expected = self.adapter_tensors()
+        if set(tensors) != set(expected):
+            missing, extra = set(expected) - set(tensors), set(tensors) - set(expected)
+            raise EdgememError(f"adapter does not fit this model (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
+        for name, tensor in tensors.items():
+            if tensor.shape != expected[name].shape:
+                raise EdgememError(f"adapter tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+        with torch.no_grad():
+            self.write_embeddings.copy_(tensors["write_embeddings"])
+            self.memories.load_state_dict({k[len("memory.") :]: v for k, v in tensors.items() if k.startswith("memory.")})
+
+    def adapter_bytes(self, metadata: dict[str, str] | None = None) -> bytes:
+        meta = {"format": ADAPTER_FORMAT, "config": self.config.to_json(), **(metadata or {})}
+        return save(self.adapter_tensors(), metadata=meta)
+
+    def adapter_hash(self) -> str:
+        """sha256 of the memory parameters and config: part of every stored state's key."""
+        digest = hashlib.sha256(self.config.to_json().encode())
+        for name, tensor in sorted(self.adapter_tensors().items()):
+            digest.update(name.encode())
+            digest.update(tensor.float().numpy().tobytes())
+        return digest.hexdigest()
+
+    def is_trained(self) -> bool:
+        """An untrained memory has W_V == 0 everywhere and therefore always reads zeros."""
+        return any(bool(m.W_V.weight.abs().sum() > 0) for m in self.memories.values())
+
+
+def save_adapter(armt: ARMT, path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Write the memory parameters as safetensors (temporary file, then rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(armt.adapter_bytes(metadata))
+    tmp.replace(path)
+
+
+def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
+    """Read an adapter file: (its memory config, its tensors). Refuses anything that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise EdgememError(f"adapter {path} does not exist")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise EdgememError(f"adapter {path} is not a readable safetensors file: {exc}") from exc
+    if meta.get("format") != ADAPTER_FORMAT or "config" not in meta:
+        raise EdgememError(f"adapter {path} has no edgemem adapter metadata")
+    try:
+        config = ARMTConfig.from_json(meta["config"])
+    except (ValueError, TypeError, KeyError) as exc:
+        raise EdgememError(f"adapter {path} has an invalid memory config: {exc}") from exc
+    return config, tensors
+
+
+# ----- the segment driver -----
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the ingest driver reports after each segment."""
+
+    tokens: int
+    segments: int
+    seconds: float
+    rss_bytes: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """A document after ingest: its memory, and its last (unwritten) tokens, 1..S of them.
+
+    The tail is not written: like the reference ARMT generation, the last segment of the context
+    runs together with the question, where attention can see it directly.
+    """
+
+    state: MemoryState
+    tail_ids: list[int]
+    tokens: int
+
+
+def tokenize_stream(text_chunks: Iterable[str], tokenizer: object) -> Iterator[list[int]]:
+    """Token ids for a stream of text pieces, with the model's BOS token first if it uses one."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    probe = tokenizer("a").input_ids  # type: ignore[operator]
+    if bos is not None and probe and probe[0] == bos:
+        yield [bos]
+    for chunk in text_chunks:
+        if chunk:
+            yield tokenizer(chunk, add_special_tokens=False).input_ids  # type: ignore[operator]
+
+
+def iter_segments(token_chunks: Iterable[list[int]], segment_len: int, tail: list[int]) -> Iterator[list[int]]:
+    """Full segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back.
+
+    When the chunks run out, the remaining 1..S ids are left in `tail` (cleared first).
+    Holds at most one pending chunk plus one segment: nothing grows with the document.
+    """
+    tail.clear()
+    buffer = tail
+    for chunk in token_chunks:
+        buffer.extend(chunk)
+        offset = 0
+        while len(buffer) - offset > segment_len:
+            yield buffer[offset : offset + segment_len]
+            offset += segment_len
+        del buffer[:offset]
+
+
+def ingest(
+    armt: ARMT,
+    token_chunks: Iterable[list[int]],
+    state: MemoryState | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> IngestResult:
+    """Stream token chunks of any sizes through memory, one segment of S tokens at a time.
+
+    The last 1..S tokens are kept as the tail (see `IngestResult`).
+    """
+    state = state or armt.empty_state()
+    device = armt.write_embeddings.device
+    process = psutil.Process()
+    tail: list[int] = []
+    start = time.perf_counter()
+    written = 0
+    with torch.inference_mode():
+        for segment in iter_segments(token_chunks, armt.config.segment_len, tail):
+            state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
+            written += len(segment)
+            if progress is not None:
+                progress(Progress(written, state.writes, time.perf_counter() - start, process.memory_info().rss))
+    return IngestResult(state, tail, written + len(tail))
+
+
+# ----- answering -----
+
+
+def stop_token_ids(tokenizer: object) -> set[int]:
+    """End-of-sequence and end-of-turn ids of the model."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()  # type: ignore[attr-defined]
+    vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
+    ids.update(vocab[t] for t in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>") if t in vocab)
+    return ids
+
+
+def prompt_ids(tokenizer: object, tail_ids: list[int], question: str) -> list[int]:
+    """The answer segment: the document's tail and the question, in the chat template when there is one."""
+    if getattr(tokenizer, "chat_template", None):
+        tail = tokenizer.decode(tail_ids, skip_special_tokens=True).strip()  # type: ignore[attr-defined]
+        content = f"{tail}\n\nQuestion: {question}" if tail else question
+        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+        return tokenizer(text, add_special_tokens=False).input_ids  # type: ignore[operator]
+    suffix = tokenizer(f"\n\nQuestion: {question}\nAnswer:", add_special_tokens=False).input_ids  # type: ignore[operator]
+    prefix = tail_ids or list(next(tokenize_stream([], tokenizer), []))
+    return prefix + suffix
+
+
+def _sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> int:
+    """Greedy for temperature 0; otherwise nucleus sampling. logits [V] -> token id."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = probs.sort(descending=True)
+    keep = sorted_probs.cumsum(0) - sorted_probs < top_p
+    sorted_probs = sorted_probs * keep
+    choice = torch.multinomial(sorted_probs / sorted_probs.sum(), 1, generator=generator)
+    return int(order[choice])
+
+
+def generate_ids(
+    armt: ARMT,
+    state: MemoryState,
+    prompt: list[int],
+    stop_ids: set[int],
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 0.95,
+    seed: int | None = None,
+) -> Iterator[int]:
+    """Generated token ids, one at a time: the prompt runs as the last segment reading memory,
+    then decoding with a KV cache bounded by len(prompt) + max_new_tokens."""
+    from transformers import DynamicCache
+
+    device = armt.write_embeddings.device
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.inference_mode():
+        cache = DynamicCache(config=armt.base.config)
+        logits = armt.read_only_forward(torch.tensor([prompt], device=device), state, cache)
+        for _ in range(max_new_tokens):
+            token = _sample(logits[0], temperature, top_p, generator)
+            if token in stop_ids:
+                return
+            yield token
+            logits = armt.read_only_forward(torch.tensor([[token]], device=device), state, cache)
+
+
+def answer(
+    armt: ARMT,
+    tokenizer: object,
+    doc: IngestResult,
+    question: str,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 0.95,
+    seed: int | None = None,
+) -> Iterator[str]:
+    """Stream the answer to `question` about an ingested document, as pieces of text."""
+    ids: list[int] = []
+    shown = ""
+    prompt = prompt_ids(tokenizer, doc.tail_ids, question)
+    for token in generate_ids(
+        armt, doc.state, prompt, stop_token_ids(tokenizer), max_new_tokens, temperature, top_p, seed
+    ):
+        ids.append(token)
+        text = tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
+            continue
+        if len(text) > len(shown):
+            yield text[len(shown) :]
+            shown = text

@@ -1,0 +1,74 @@
+"""The assistant: a base model, its memory adapter, and the library, put together for a user.
+
+This is what the CLI (and later the TUI) call: open a model with its adapter, ingest a path into
+the library (or reuse the stored state), answer questions about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from edgemem.armt import ARMT, ARMTConfig, IngestResult, Progress, answer, ingest, read_adapter, tokenize_stream
+from edgemem.documents import Scan, iter_text, scan
+from edgemem.models import DEFAULT_MODEL, LoadedModel, load_model
+from edgemem.store import Library, Record
+
+SHIPPED_ADAPTERS = Path(__file__).parent / "adapters"
+
+
+def shipped_adapter(model_name: str) -> Path | None:
+    """The adapter file shipped with edgemem for a bundled model, if one exists."""
+    path = SHIPPED_ADAPTERS / f"{model_name}.safetensors"
+    return path if path.is_file() else None
+
+
+@dataclass
+class Assistant:
+    loaded: LoadedModel
+    armt: ARMT
+    adapter_path: Path | None  # None: freshly initialised (untrained) memory
+    adapter_hash: str
+
+    @classmethod
+    def open(
+        cls, model: str = DEFAULT_MODEL, adapter: str | Path | None = None, segment_len: int | None = None
+    ) -> Assistant:
+        loaded = load_model(model)
+        adapter_path = Path(adapter).expanduser() if adapter else shipped_adapter(loaded.name)
+        num_layers = loaded.model.config.num_hidden_layers
+        if adapter_path is not None:
+            config, tensors = read_adapter(adapter_path)
+        else:
+            config, tensors = ARMTConfig.for_model(num_layers), None
+        if segment_len is not None:
+            config = replace(config, segment_len=segment_len)
+        armt = ARMT(loaded.model, config)
+        if tensors is not None:
+            armt.load_adapter_tensors(tensors)
+        return cls(loaded, armt, adapter_path, armt.adapter_hash())
+
+    @property
+    def trained(self) -> bool:
+        return self.armt.is_trained()
+
+    def ingest_scan(
+        self, source: Scan, library: Library, progress: Callable[[Progress], None] | None = None,
+        force: bool = False,
+    ) -> tuple[Record, IngestResult, bool]:
+        """Ingest a scanned path, or reuse its stored state. -> (record, document, reused)."""
+        key = (source.content_hash, self.loaded.model_id, self.adapter_hash)
+        record = None if force else library.find(*key)
+        if record is not None:
+            return record, library.load(record, self.armt.state_shapes()), True
+        tokens = tokenize_stream(iter_text(source), self.loaded.tokenizer)
+        doc = ingest(self.armt, tokens, progress=progress)
+        record = library.save(str(source.root.resolve()), *key, doc)
+        return record, doc, False
+
+    def ingest_path(self, path: str | Path, library: Library, **kwargs) -> tuple[Record, IngestResult, bool]:
+        return self.ingest_scan(scan(path), library, **kwargs)
+
+    def ask(self, doc: IngestResult, question: str, **generation) -> Iterator[str]:
+        return answer(self.armt, self.loaded.tokenizer, doc, question, **generation)

