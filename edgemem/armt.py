@@ -227,7 +227,10 @@ class ARMT(nn.Module):
         return MemoryState(ctx.new_A, ctx.new_z, state.writes + 1), logits
 
     def read_only_forward(self, input_ids: Tensor, state: MemoryState, cache: object | None = None) -> Tensor:
-        """The answer segment and each generated token: read memory, never write. -> logits [B, V] of the last position."""
+        """The answer segment and each generated token: read memory, never write.
+
+        input_ids [B, T] -> logits [B, V] of the last position; `cache` (a DynamicCache) grows by T.
+        """
         ctx = _SegmentContext(state, 0)
         out = self.base(
             inputs_embeds=self._embed(input_ids, write=False),
@@ -249,13 +252,20 @@ class ARMT(nn.Module):
         expected = self.adapter_tensors()
         if set(tensors) != set(expected):
             missing, extra = set(expected) - set(tensors), set(tensors) - set(expected)
-            raise EdgememError(f"adapter does not fit this model (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})")
+            raise EdgememError(
+                f"adapter does not fit this model (missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]})"
+            )
         for name, tensor in tensors.items():
             if tensor.shape != expected[name].shape:
-                raise EdgememError(f"adapter tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}")
+                raise EdgememError(
+                    f"adapter tensor {name} has shape {tuple(tensor.shape)}, "
+                    f"expected {tuple(expected[name].shape)}"
+                )
         with torch.no_grad():
             self.write_embeddings.copy_(tensors["write_embeddings"])
-            self.memories.load_state_dict({k[len("memory.") :]: v for k, v in tensors.items() if k.startswith("memory.")})
+            self.memories.load_state_dict(
+                {k[len("memory.") :]: v for k, v in tensors.items() if k.startswith("memory.")}
+            )
 
     def adapter_bytes(self, metadata: dict[str, str] | None = None) -> bytes:
         meta = {"format": ADAPTER_FORMAT, "config": self.config.to_json(), **(metadata or {})}
@@ -345,7 +355,9 @@ def tokenize_stream(text_chunks: Iterable[str], tokenizer: object) -> Iterator[l
             yield tokenizer(chunk, add_special_tokens=False).input_ids  # type: ignore[operator]
 
 
-def iter_segments(token_chunks: Iterable[list[int]], segment_len: int, tail: list[int]) -> Iterator[list[int]]:
+def iter_segments(
+    token_chunks: Iterable[list[int]], segment_len: int, tail: list[int]
+) -> Iterator[list[int]]:
     """Full segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back.
 
     When the chunks run out, the remaining 1..S ids are left in `tail` (cleared first).
@@ -383,7 +395,9 @@ def ingest(
             state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
             written += len(segment)
             if progress is not None:
-                progress(Progress(written, state.writes, time.perf_counter() - start, process.memory_info().rss))
+                progress(
+                    Progress(written, state.writes, time.perf_counter() - start, process.memory_info().rss)
+                )
     return IngestResult(state, tail, written + len(tail))
 
 

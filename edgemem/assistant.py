@@ -10,7 +10,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edgemem.armt import ARMT, ARMTConfig, IngestResult, Progress, answer, ingest, read_adapter, tokenize_stream
+from edgemem.armt import (
+    ARMT,
+    ARMTConfig,
+    IngestResult,
+    Progress,
+    answer,
+    ingest,
+    read_adapter,
+    tokenize_stream,
+)
 from edgemem.documents import Scan, iter_text, scan
 from edgemem.models import DEFAULT_MODEL, LoadedModel, load_model
 from edgemem.store import Library, Record
@@ -54,7 +63,10 @@ class Assistant:
         return self.armt.is_trained()
 
     def ingest_scan(
-        self, source: Scan, library: Library, progress: Callable[[Progress], None] | None = None,
+        self,
+        source: Scan,
+        library: Library,
+        progress: Callable[[Progress], None] | None = None,
         force: bool = False,
     ) -> tuple[Record, IngestResult, bool]:
         """Ingest a scanned path, or reuse its stored state. -> (record, document, reused)."""

@@ -127,19 +127,30 @@ def run_ingest_bench(sizes: list[int], corpus: str | None, model: str, output: s
             raise EdgememError(f"benchmark child ({tokens} tokens) failed: {last}")
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     table = Table(
-        "tokens", "ARMT tok/s", "plain tok/s", "ARMT/plain", "peak RSS (MB)", "state (MB)", "full-attn KV fp16 (MB)"
+        "tokens",
+        "ARMT tok/s",
+        "plain tok/s",
+        "ARMT/plain",
+        "peak RSS (MB)",
+        "state (MB)",
+        "full-attn KV fp16 (MB)",
     )
     for r in results:
         table.add_row(
-            f"{r['tokens']:,}", f"{r['armt_tokens_per_s']:,.0f}", f"{r['plain_tokens_per_s']:,.0f}",
-            f"{r['armt_over_plain']:.2f}", f"{r['peak_rss_during_ingest_mb']:,.0f}", f"{r['state_mb']}",
+            f"{r['tokens']:,}",
+            f"{r['armt_tokens_per_s']:,.0f}",
+            f"{r['plain_tokens_per_s']:,.0f}",
+            f"{r['armt_over_plain']:.2f}",
+            f"{r['peak_rss_during_ingest_mb']:,.0f}",
+            f"{r['state_mb']}",
             f"{r['full_attention_kv_cache_mb']:,.0f}",
         )
     console.print(table)
     report = {
         "command": "edgemem bench ingest " + " ".join(sys.argv[3:]),
         "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus, {psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "machine": f"{platform.machine()} {os.cpu_count()} cpus, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
         "results": results,
     }
     tmp = Path(output).with_name(f".{Path(output).name}.tmp")

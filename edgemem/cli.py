@@ -28,14 +28,25 @@ bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_
 app.add_typer(bench_app, name="bench")
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False)
+
+
+def _out() -> Console:
+    """stdout console; when piped, tables keep their natural width instead of 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+
+
 F = TypeVar("F", bound=Callable[..., object])
 
-ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")]
-AdapterOpt = Annotated[
-    str | None, typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model.")
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")
 ]
-SegmentOpt = Annotated[int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")]
+AdapterOpt = Annotated[
+    str | None,
+    typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model."),
+]
+SegmentOpt = Annotated[
+    int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")
+]
 
 
 def user_errors(func: F) -> F:
@@ -74,7 +85,7 @@ def models() -> None:
             table.add_row(name, ready, f"{status['size_mb']} MB", str(status["detail"]))
         else:
             table.add_row(name, "no", "-", str(status["detail"]))
-    out.print(table)
+    _out().print(table)
 
 
 def _open(model: str, adapter: str | None, segment_len: int | None):
@@ -84,15 +95,16 @@ def _open(model: str, adapter: str | None, segment_len: int | None):
         assistant = Assistant.open(model, adapter, segment_len)
     if not assistant.trained:
         err.print(
-            f"note: the memory is untrained (no adapter for {assistant.loaded.name}): answers only see the last "
+            f"note: the memory is untrained (no adapter for {assistant.loaded.name}): "
+            "answers only see the last "
             f"{assistant.armt.config.segment_len} tokens of a document plus what an empty memory returns."
         )
     return assistant
 
 
-def _ingest(assistant, path: str, force: bool = False):
+def _scan(path: str):
+    """Look at the path before loading any model, so that a bad path fails at once."""
     from edgemem.documents import scan
-    from edgemem.store import Library
 
     source = scan(path)
     for name in source.invalid_utf8[:5]:
@@ -103,17 +115,33 @@ def _ingest(assistant, path: str, force: bool = False):
         err.print(f"skipped {source.skipped_binary} binary file(s)")
     if source.skipped_unreadable:
         err.print(f"skipped {source.skipped_unreadable} unreadable file(s)")
+    return source
+
+
+def _ingest(assistant, source, force: bool = False):
+    from edgemem.store import Library
+
     estimate = max(1, source.total_bytes // 4)
     columns = (
-        TextColumn("[bold]ingest"), BarColumn(), TextColumn("{task.fields[tokens]:>10,} tokens"),
-        TextColumn("{task.fields[rate]:>7,.0f} tok/s"), TextColumn("RSS {task.fields[rss]}"), TimeElapsedColumn(),
+        TextColumn("[bold]ingest"),
+        BarColumn(),
+        TextColumn("{task.fields[tokens]:>10,} tokens"),
+        TextColumn("{task.fields[rate]:>7,.0f} tok/s"),
+        TextColumn("RSS {task.fields[rss]}"),
+        TimeElapsedColumn(),
     )
     library = Library()
     with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
         task = bar.add_task("ingest", total=estimate, tokens=0, rate=0.0, rss="-")
 
         def report(p) -> None:
-            bar.update(task, completed=min(p.tokens, estimate), tokens=p.tokens, rate=p.tokens_per_s, rss=_mb(p.rss_bytes))
+            bar.update(
+                task,
+                completed=min(p.tokens, estimate),
+                tokens=p.tokens,
+                rate=p.tokens_per_s,
+                rss=_mb(p.rss_bytes),
+            )
 
         record, doc, reused = assistant.ingest_scan(source, library, progress=report, force=force)
         bar.update(task, total=max(doc.tokens, 1), completed=doc.tokens, tokens=doc.tokens)
@@ -130,8 +158,9 @@ def ingest_cmd(
     force: Annotated[bool, typer.Option("--force", help="Ingest again even if the library has it.")] = False,
 ) -> None:
     """Stream a document or folder through memory and store its state in the library."""
+    source = _scan(path)
     assistant = _open(model, adapter, segment_len)
-    library, record, doc, reused = _ingest(assistant, path, force)
+    library, record, doc, reused = _ingest(assistant, source, force)
     verb = "already in the library" if reused else "ingested"
     err.print(
         f"{record.path}: {verb}: {doc.tokens:,} tokens, {doc.state.writes} segments written, "
@@ -144,7 +173,9 @@ def ingest_cmd(
 @app.command()
 @user_errors
 def ask(
-    path: Annotated[str, typer.Argument(help="The document or folder to ask about (ingested first if needed).")],
+    path: Annotated[
+        str, typer.Argument(help="The document or folder to ask about (ingested first if needed).")
+    ],
     question: Annotated[str, typer.Argument(help="Your question.")],
     model: ModelOpt = "smollm2-135m-instruct",
     adapter: AdapterOpt = None,
@@ -157,8 +188,9 @@ def ask(
     """Answer a question about a document, streaming the answer."""
     if not question.strip():
         raise EdgememError("the question is empty")
+    source = _scan(path)
     assistant = _open(model, adapter, segment_len)
-    library, _record, doc, _reused = _ingest(assistant, path)
+    library, _record, doc, _reused = _ingest(assistant, source)
     library.close()
     pieces = assistant.ask(
         doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
@@ -172,7 +204,9 @@ def ask(
 @app.command()
 @user_errors
 def library(
-    remove: Annotated[list[int] | None, typer.Option("--remove", help="Remove the entry with this id.")] = None,
+    remove: Annotated[
+        list[int] | None, typer.Option("--remove", help="Remove the entry with this id.")
+    ] = None,
 ) -> None:
     """What has been ingested (sizes, dates); remove entries with --remove ID."""
     from edgemem.store import Library
@@ -183,22 +217,28 @@ def library(
             err.print(f"removed {record.id}: {record.path}", markup=False)
         records = lib.records()
     if not records:
-        out.print("the library is empty")
+        _out().print("the library is empty")
         return
     table = Table("id", "path", "tokens", "segments", "state", "model", "ingested")
     for r in records:
         when = dt.datetime.fromtimestamp(r.created_at).strftime("%Y-%m-%d %H:%M")
-        table.add_row(str(r.id), r.path, f"{r.tokens:,}", str(r.segments), _mb(r.state_bytes), r.model_id, when)
-    out.print(table)
+        table.add_row(
+            str(r.id), r.path, f"{r.tokens:,}", str(r.segments), _mb(r.state_bytes), r.model_id, when
+        )
+    _out().print(table)
 
 
 @bench_app.command("ingest")
 @user_errors
 def bench_ingest(
     sizes: Annotated[str, typer.Option(help="Comma-separated token counts.")] = "4096,32768,131072,1048576",
-    corpus: Annotated[str | None, typer.Option(help="Text file or folder (default: the Python standard library source).")] = None,
+    corpus: Annotated[
+        str | None, typer.Option(help="Text file or folder (default: the Python standard library source).")
+    ] = None,
     model: ModelOpt = "smollm2-135m-instruct",
-    output: Annotated[str, typer.Option("--out", help="Where to write the JSON results.")] = "bench-ingest.json",
+    output: Annotated[
+        str, typer.Option("--out", help="Where to write the JSON results.")
+    ] = "bench-ingest.json",
 ) -> None:
     """Ingest tokens/s and peak RSS vs the plain base model over the same segments."""
     from edgemem.bench import run_ingest_bench
@@ -207,7 +247,7 @@ def bench_ingest(
         counts = [int(s) for s in sizes.split(",") if s.strip()]
     except ValueError as exc:
         raise EdgememError(f"--sizes must be comma-separated integers, got {sizes!r}") from exc
-    run_ingest_bench(counts, corpus, model, output, out)
+    run_ingest_bench(counts, corpus, model, output, _out())
 
 
 def main() -> None:

@@ -91,7 +91,7 @@ def _walk(root: Path) -> Iterator[Path]:
         if gitignore.is_file():
             try:
                 lines = gitignore.read_text(errors="replace").splitlines()
-                specs.append((here, pathspec.PathSpec.from_lines("gitwildmatch", lines)))
+                specs.append((here, pathspec.PathSpec.from_lines("gitignore", lines)))
             except OSError:
                 pass
         dirnames[:] = sorted(

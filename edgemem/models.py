@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -171,7 +171,9 @@ def _build_cache(gguf: Path, folder: Path) -> None:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
     except EdgememError:
         raise
     except Exception as exc:  # the GGUF readers raise many types for a damaged file
@@ -233,7 +235,9 @@ def resolve_source(name_or_path: str) -> tuple[str, Path]:
             raise EdgememError(f"{path} is a folder without config.json: not a Hugging Face model folder")
         return path.stem if path.is_file() else path.name, path
     known = ", ".join(REGISTRY)
-    raise EdgememError(f"unknown model {name_or_path!r}: use one of {known}, or a path to a .gguf file or model folder")
+    raise EdgememError(
+        f"unknown model {name_or_path!r}: use one of {known}, or a path to a .gguf file or model folder"
+    )
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = None) -> LoadedModel:

@@ -79,7 +79,9 @@ class Library:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
-            raise EdgememError(f"library database {self.root / 'library.sqlite3'} is unreadable: {exc}") from exc
+            raise EdgememError(
+                f"library database {self.root / 'library.sqlite3'} is unreadable: {exc}"
+            ) from exc
 
     def close(self) -> None:
         self.db.close()
@@ -105,7 +107,8 @@ class Library:
 
     def find(self, content_hash: str, model_id: str, adapter_hash: str) -> Record | None:
         rows = self._rows(
-            "WHERE content_hash = ? AND model_id = ? AND adapter_hash = ?", (content_hash, model_id, adapter_hash)
+            "WHERE content_hash = ? AND model_id = ? AND adapter_hash = ?",
+            (content_hash, model_id, adapter_hash),
         )
         return rows[0] if rows else None
 
@@ -151,18 +154,34 @@ class Library:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             if exc.errno == errno.ENOSPC:
-                raise EdgememError(f"disk full while saving the state of {path}; the library was not changed") from exc
+                raise EdgememError(
+                    f"disk full while saving the state of {path}; the library was not changed"
+                ) from exc
             raise EdgememError(f"cannot save the state of {path}: {exc.strerror}") from exc
         stale = [
-            r for r in self._rows("WHERE path = ? AND model_id = ? AND adapter_hash = ?", (path, model_id, adapter_hash))
+            r
+            for r in self._rows(
+                "WHERE path = ? AND model_id = ? AND adapter_hash = ?", (path, model_id, adapter_hash)
+            )
             if r.content_hash != content_hash
         ]
         with self.db:
             self.db.execute(
-                "INSERT OR REPLACE INTO documents (path, content_hash, model_id, adapter_hash, tokens, segments,"
+                "INSERT OR REPLACE INTO documents (path, content_hash, model_id, adapter_hash, tokens,"
+                " segments,"
                 " state_file, state_sha256, state_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (path, content_hash, model_id, adapter_hash, doc.tokens, doc.state.writes, name,
-                 _sha256(data), len(data), time.time()),
+                (
+                    path,
+                    content_hash,
+                    model_id,
+                    adapter_hash,
+                    doc.tokens,
+                    doc.state.writes,
+                    name,
+                    _sha256(data),
+                    len(data),
+                    time.time(),
+                ),
             )
         for record in stale:
             self.remove(record.id)
@@ -190,7 +209,10 @@ class Library:
 
 
 def _verify_state(
-    problem: str, meta: dict[str, str], tensors: dict[str, torch.Tensor], record: Record,
+    problem: str,
+    meta: dict[str, str],
+    tensors: dict[str, torch.Tensor],
+    record: Record,
     expected_shapes: dict[str, tuple[int, ...]],
 ) -> IngestResult:
     if meta.get("format") != STATE_FORMAT:

