@@ -168,8 +168,8 @@ class Library:
         with self.db:
             self.db.execute(
                 "INSERT OR REPLACE INTO documents (path, content_hash, model_id, adapter_hash, tokens,"
-                " segments,"
-                " state_file, state_sha256, state_bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " segments, state_file, state_sha256, state_bytes, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     path,
                     content_hash,
