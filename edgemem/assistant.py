@@ -44,13 +44,15 @@ class Assistant:
     def open(
         cls, model: str = DEFAULT_MODEL, adapter: str | Path | None = None, segment_len: int | None = None
     ) -> Assistant:
+        adapter_path = Path(adapter).expanduser() if adapter else None
+        adapter_file = read_adapter(adapter_path) if adapter_path else None  # fail before the slow load
         loaded = load_model(model)
-        adapter_path = Path(adapter).expanduser() if adapter else shipped_adapter(loaded.name)
-        num_layers = loaded.model.config.num_hidden_layers
-        if adapter_path is not None:
-            config, tensors = read_adapter(adapter_path)
+        if adapter_file is None and (adapter_path := shipped_adapter(loaded.name)) is not None:
+            adapter_file = read_adapter(adapter_path)
+        if adapter_file is not None:
+            config, tensors = adapter_file
         else:
-            config, tensors = ARMTConfig.for_model(num_layers), None
+            config, tensors = ARMTConfig.for_model(loaded.model.config.num_hidden_layers), None
         if segment_len is not None:
             config = replace(config, segment_len=segment_len)
         armt = ARMT(loaded.model, config)

@@ -117,3 +117,18 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
 
     removed = run("library", "--remove", str(record.id))
     assert removed.exit_code == 0 and not state_file.exists()
+
+
+@pytest.mark.real_model
+def test_folder_with_invalid_utf8_and_binary_is_ingested_with_warnings(tmp_path):
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_bytes("caf\xe9 menu: soup, bread\n".encode("latin-1"))
+    (folder / "main.py").write_text("print('hello')\n")
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    result = run("ingest", str(folder))
+    assert result.exit_code == 0, result.output
+    assert "warning: notes.txt is not valid UTF-8" in result.stderr
+    assert "skipped 1 binary file(s)" in result.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before  # user files untouched
