@@ -36,6 +36,7 @@ def _out() -> Console:
 
 
 F = TypeVar("F", bound=Callable[..., object])
+LOG_EVERY_S = 30.0  # progress line interval when stderr is not a terminal
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")
@@ -134,7 +135,10 @@ def _ingest(assistant, source, force: bool = False):
     with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
         task = bar.add_task("ingest", total=estimate, tokens=0, rate=0.0, rss="-")
 
+        last_line = 0.0
+
         def report(p) -> None:
+            nonlocal last_line
             bar.update(
                 task,
                 completed=min(p.tokens, estimate),
@@ -142,6 +146,9 @@ def _ingest(assistant, source, force: bool = False):
                 rate=p.tokens_per_s,
                 rss=_mb(p.rss_bytes),
             )
+            if not err.is_terminal and p.seconds - last_line >= LOG_EVERY_S:  # logs get a line instead
+                last_line = p.seconds
+                err.print(f"ingest: {p.tokens:,} tokens, {p.tokens_per_s:,.0f} tok/s, RSS {_mb(p.rss_bytes)}")
 
         record, doc, reused = assistant.ingest_scan(source, library, progress=report, force=force)
         bar.update(task, total=max(doc.tokens, 1), completed=doc.tokens, tokens=doc.tokens)
