@@ -20,7 +20,7 @@ from edgemem.armt import (
     read_adapter,
     tokenize_stream,
 )
-from edgemem.documents import Scan, iter_text, scan
+from edgemem.documents import Scan, iter_text
 from edgemem.models import DEFAULT_MODEL, LoadedModel, load_model
 from edgemem.store import Library, Record
 
@@ -80,9 +80,6 @@ class Assistant:
         doc = ingest(self.armt, tokens, progress=progress)
         record = library.save(str(source.root.resolve()), *key, doc)
         return record, doc, False
-
-    def ingest_path(self, path: str | Path, library: Library, **kwargs) -> tuple[Record, IngestResult, bool]:
-        return self.ingest_scan(scan(path), library, **kwargs)
 
     def ask(self, doc: IngestResult, question: str, **generation) -> Iterator[str]:
         return answer(self.armt, self.loaded.tokenizer, doc, question, **generation)

@@ -29,7 +29,7 @@ from edgemem.errors import EdgememError
 
 def corpus_pieces(corpus: str | None) -> Iterator[str]:
     """Real text: the given file/folder, or by default the Python standard library source (sorted)."""
-    from edgemem.documents import _pieces, iter_text, scan
+    from edgemem.documents import file_pieces, iter_text, scan
 
     if corpus:
         yield from iter_text(scan(corpus))
@@ -40,7 +40,7 @@ def corpus_pieces(corpus: str | None) -> Iterator[str]:
         for name in sorted(filenames):
             if name.endswith(".py"):
                 yield f"\n# file: {name}\n"
-                yield from _pieces(Path(dirpath) / name)
+                yield from file_pieces(Path(dirpath) / name)
 
 
 def _limited(chunks: Iterator[list[int]], limit: int) -> Iterator[list[int]]:

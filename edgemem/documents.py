@@ -47,9 +47,12 @@ def _is_binary(head: bytes) -> bool:
 
 
 def _hash_file(path: Path, digest: hashlib._Hash) -> tuple[int, bool, bool]:
-    """Feed a file's bytes to `digest`. -> (size, is_binary, has_invalid_utf8)."""
+    """Feed a text file's bytes to `digest`. -> (size, is_binary, has_invalid_utf8).
+
+    A binary file (a NUL byte near the start) is reported as such and not hashed.
+    """
     decoder = codecs.getincrementaldecoder("utf-8")("strict")
-    size, invalid, binary = 0, False, False
+    size, invalid = 0, False
     with open(path, "rb") as handle:
         first = True
         while block := handle.read(BLOCK_BYTES):
@@ -68,7 +71,7 @@ def _hash_file(path: Path, digest: hashlib._Hash) -> tuple[int, bool, bool]:
                 decoder.decode(b"", final=True)
             except UnicodeDecodeError:
                 invalid = True
-    return size, binary, invalid
+    return size, False, invalid
 
 
 def _walk(root: Path) -> Iterator[Path]:
@@ -150,7 +153,7 @@ def scan(path: str | Path) -> Scan:
     return result
 
 
-def _pieces(path: Path) -> Iterator[str]:
+def file_pieces(path: Path) -> Iterator[str]:
     """A file's text (invalid UTF-8 replaced) in pieces that end at a newline where possible."""
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     carry = ""
@@ -176,6 +179,6 @@ def iter_text(source: Scan) -> Iterator[str]:
         if source.is_dir:
             yield f"\n===== {rel.as_posix()} =====\n"
         try:
-            yield from _pieces(source.path_of(rel))
+            yield from file_pieces(source.path_of(rel))
         except OSError as exc:
             raise EdgememError(f"{source.path_of(rel)}: cannot read during ingest ({exc.strerror})") from exc
