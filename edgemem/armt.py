@@ -162,7 +162,8 @@ class ARMT(nn.Module):
 
     The memory parameters (per layer W_Q, W_K, W_V, W_b, and the M write embeddings) are float32
     and are the only new weights; they are created deterministically from `seed` so an untrained
-    memory always has the same adapter hash.
+    memory always has the same adapter hash. Wrapping replaces any wrappers an earlier ARMT left
+    on the same base model: a base model serves one ARMT at a time.
     """
 
     def __init__(self, base: nn.Module, config: ARMTConfig, seed: int = 0) -> None:
@@ -182,9 +183,11 @@ class ARMT(nn.Module):
             )
             std = embed.weight.detach().float().std().item()
             self.write_embeddings = nn.Parameter(torch.randn(config.num_write_tokens, d_model) * std)
+        for j, layer in enumerate(layers):  # a base model serves one ARMT at a time: the newest
+            if isinstance(layer, MemoryLayer):
+                layers[j] = layer.layer
         for i in config.memory_layers:
-            if not isinstance(layers[i], MemoryLayer):
-                layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i)
+            layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i)
 
     # ----- the state -----
 

@@ -63,6 +63,18 @@ def test_wrapping_does_not_copy_base_weights(arch):
     assert isinstance(wrapped, MemoryLayer) and wrapped.layer is layer
 
 
+def test_a_new_armt_on_the_same_base_replaces_the_old_wrappers():
+    base = MAKERS["llama"]()
+    original = list(base.model.layers)
+    ARMT(base, ARMTConfig.for_model(5, memory_layers=(1, 2), d_mem=8, segment_len=12))
+    newer = ARMT(base, ARMTConfig.for_model(5, memory_layers=(3,), d_mem=8, segment_len=12))
+    layers = base.model.layers
+    assert [isinstance(x, MemoryLayer) for x in layers] == [False, False, False, True, False]
+    assert layers[3].memory is newer.memories["3"] and layers[3].layer is original[3]
+    assert layers[1] is original[1]
+    newer.step(torch.randint(0, VOCAB, (1, 12)), newer.empty_state())  # no stale layer asks for its state
+
+
 def test_memory_changes_the_output_once_trained():
     armt = make("llama", layers=(2,))
     randomise_memory(armt)
