@@ -103,7 +103,9 @@ def _child(tokens: int, corpus: str | None, model: str, plain_every: int) -> dic
         "wall_seconds": round(wall, 1),
         "rss_after_load_mb": round(rss_after_load / 1e6, 1),
         "peak_rss_during_ingest_mb": round(peak / 1e6, 1),
-        "process_max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3, 1),
+        "process_max_rss_mb": round(
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6, 1
+        ),  # KiB
         "state_mb": round(state.nbytes() / 1e6, 2),
         "full_attention_kv_cache_mb": round(kv_bytes_per_token * tokens / 1e6, 1),
         "dtype": str(loaded.dtype).replace("torch.", ""),
