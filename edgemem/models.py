@@ -225,6 +225,15 @@ def _load_folder(folder: Path, dtype: torch.dtype) -> tuple[torch.nn.Module, obj
     return model, tokenizer
 
 
+def _folder_fingerprint(folder: Path) -> str:
+    """Identifies a model folder's weights: its path and each file's name, size and mtime."""
+    digest = hashlib.sha256(str(folder.resolve()).encode())
+    for file in sorted(p for p in folder.iterdir() if p.is_file()):
+        stat = file.stat()
+        digest.update(f"{file.name}|{stat.st_size}|{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
 def resolve_source(name_or_path: str) -> tuple[str, Path]:
     """Map a registry name or a user path to (display name, GGUF file or HF folder)."""
     if name_or_path in REGISTRY:
@@ -249,8 +258,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = No
     dtype = dtype or preferred_dtype()
     name, source = resolve_source(name_or_path)
     if source.is_dir():
-        folder, content_id = source, hashlib.sha256(str(source.resolve()).encode()).hexdigest()
-        model, tokenizer = _load_folder(folder, dtype)
+        model, tokenizer = _load_folder(source, dtype)
+        content_id = _folder_fingerprint(source)
     else:
         check_gguf(source)
         folder = _cache_folder(source)
@@ -258,8 +267,6 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = No
             _build_cache(source, folder)
         try:
             model, tokenizer = _load_folder(folder, dtype)
-        except EdgememError:
-            raise
         except Exception:  # a damaged cache is rebuilt from the GGUF file, never trusted
             shutil.rmtree(folder, ignore_errors=True)
             _build_cache(source, folder)

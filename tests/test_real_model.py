@@ -35,3 +35,19 @@ def test_ingest_segments_of_real_text_and_answer(smol):
     assert doc.state.writes >= 3 and 1 <= len(doc.tail_ids) <= 64
     text = "".join(answer(armt, smol.tokenizer, doc, "What did the keeper light?", max_new_tokens=20))
     assert text.strip()
+
+
+def test_user_model_folder_loads_and_its_id_follows_its_files(smol, tmp_path):
+    from tiny import tiny_llama
+
+    folder = tmp_path / "my-model"
+    tiny = tiny_llama()
+    tiny.config.vocab_size = len(smol.tokenizer)
+    tiny.resize_token_embeddings(len(smol.tokenizer))
+    tiny.save_pretrained(folder)
+    smol.tokenizer.save_pretrained(folder)
+    loaded = load_model(str(folder), dtype=torch.float32)
+    assert loaded.model.config.model_type == "llama" and loaded.model.config.num_hidden_layers == 5
+    assert loaded.model_id.startswith("my-model@")
+    (folder / "config.json").write_text((folder / "config.json").read_text() + "\n")
+    assert load_model(str(folder), dtype=torch.float32).model_id != loaded.model_id
