@@ -131,8 +131,8 @@ def _ingest(assistant, source, force: bool = False):
         TextColumn("RSS {task.fields[rss]}"),
         TimeElapsedColumn(),
     )
-    library = Library()
-    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+    bar = Progress(*columns, console=err, transient=False, disable=not err.is_terminal)
+    with Library() as library, bar:
         task = bar.add_task("ingest", total=estimate, tokens=0, rate=0.0, rss="-")
 
         last_line = 0.0
@@ -152,7 +152,7 @@ def _ingest(assistant, source, force: bool = False):
 
         record, doc, reused = assistant.ingest_scan(source, library, progress=report, force=force)
         bar.update(task, total=max(doc.tokens, 1), completed=doc.tokens, tokens=doc.tokens)
-    return library, record, doc, reused
+    return record, doc, reused
 
 
 @app.command("ingest")
@@ -167,14 +167,13 @@ def ingest_cmd(
     """Stream a document or folder through memory and store its state in the library."""
     source = _scan(path)
     assistant = _open(model, adapter, segment_len)
-    library, record, doc, reused = _ingest(assistant, source, force)
+    record, doc, reused = _ingest(assistant, source, force)
     verb = "already in the library" if reused else "ingested"
     err.print(
         f"{record.path}: {verb}: {doc.tokens:,} tokens, {doc.state.writes} segments written, "
         f"state {_mb(record.state_bytes)} (library id {record.id})",
         markup=False,
     )
-    library.close()
 
 
 @app.command()
@@ -197,8 +196,7 @@ def ask(
         raise EdgememError("the question is empty")
     source = _scan(path)
     assistant = _open(model, adapter, segment_len)
-    library, _record, doc, _reused = _ingest(assistant, source)
-    library.close()
+    _record, doc, _reused = _ingest(assistant, source)
     pieces = assistant.ask(
         doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )

