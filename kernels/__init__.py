@@ -7,11 +7,4 @@ kernels, a TensorRT plugin) are tested against.
 
 from edgemem.memory import dpfp, memory_read, memory_write, write_gamma
 
-REFERENCE = {
-    "dpfp": dpfp,
-    "memory_read": memory_read,
-    "memory_write": memory_write,
-    "write_gamma": write_gamma,
-}
-
-__all__ = ["REFERENCE", "dpfp", "memory_read", "memory_write", "write_gamma"]
+__all__ = ["dpfp", "memory_read", "memory_write", "write_gamma"]
