@@ -97,6 +97,8 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
 
     again = run("ingest", str(doc), "--segment-len", "256")
     assert again.exit_code == 0 and "already in the library" in again.stderr
+    forced = run("ingest", str(doc), "--segment-len", "256", "--force")
+    assert forced.exit_code == 0 and "ingested" in forced.stderr and "already" not in forced.stderr
 
     answer = run(
         "ask", str(doc), "Which class decodes JSON here?", "--segment-len", "256", "--max-new-tokens", "24"

@@ -51,3 +51,36 @@ def test_user_model_folder_loads_and_its_id_follows_its_files(smol, tmp_path):
     assert loaded.model_id.startswith("my-model@")
     (folder / "config.json").write_text((folder / "config.json").read_text() + "\n")
     assert load_model(str(folder), dtype=torch.float32).model_id != loaded.model_id
+
+
+def test_answer_prompt_with_and_without_chat_template(smol):
+    import copy
+
+    from edgemem.armt import prompt_ids
+
+    tail = smol.tokenizer("the vault code is 4417", add_special_tokens=False).input_ids
+    chat = smol.tokenizer.decode(prompt_ids(smol.tokenizer, tail, "What is the code?"))
+    assert "<|im_start|>user\nthe vault code is 4417\n\nQuestion: What is the code?<|im_end|>" in chat
+    assert chat.endswith("<|im_start|>assistant\n")
+    plain_tok = copy.deepcopy(smol.tokenizer)
+    plain_tok.chat_template = None
+    plain = prompt_ids(plain_tok, tail, "What is the code?")
+    assert plain[: len(tail)] == tail
+    assert smol.tokenizer.decode(plain[len(tail) :]) == "\n\nQuestion: What is the code?\nAnswer:"
+
+
+def test_bench_ingest_writes_paired_results(tmp_path):
+    import io
+    import json
+
+    from rich.console import Console
+
+    from edgemem.bench import run_ingest_bench
+
+    out = tmp_path / "bench.json"
+    results = run_ingest_bench([1100], None, "smollm2-135m-instruct", str(out), Console(file=io.StringIO()))
+    report = json.loads(out.read_text())
+    assert report["results"] == results
+    (row,) = results
+    assert row["segments"] == 2 and row["paired_segments"] == 2  # 1100 tokens = 2 x 512 + a tail
+    assert row["armt_tokens_per_s"] > 0 and row["plain_tokens_per_s"] > 0 and row["state_mb"] > 5
