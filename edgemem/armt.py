@@ -16,6 +16,7 @@ and return; nothing about a document is stored on a module.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -322,16 +323,32 @@ def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
 
 @dataclass(frozen=True)
 class Progress:
-    """What the ingest driver reports after each segment."""
+    """What the ingest driver reports after each segment.
+
+    `tokens` counts every token written so far, those of a resumed checkpoint included;
+    `start_tokens` is where this run started (0, or the checkpoint it resumed from), so the rate is
+    measured on this run's own work.
+    """
 
     tokens: int
     segments: int
     seconds: float
     rss_bytes: int
+    start_tokens: int = 0
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return (self.tokens - self.start_tokens) / self.seconds if self.seconds > 0 else 0.0
+
+
+class IngestCancelled(EdgememError):
+    """The ingest was asked to stop between segments; its state up to there was checkpointed."""
+
+    def __init__(self, tokens: int, saved: bool) -> None:
+        how = "saved: ingest again to resume" if saved else "nothing was saved"
+        super().__init__(f"ingest cancelled after {tokens:,} tokens ({how})")
+        self.tokens = tokens
+        self.saved = saved
 
 
 @dataclass(frozen=True)
@@ -377,30 +394,78 @@ def iter_segments(
         del buffer[:offset]
 
 
+def _skip_tokens(token_chunks: Iterable[list[int]], count: int) -> Iterator[list[int]]:
+    """The same stream without its first `count` ids (the part a checkpoint already holds)."""
+    for chunk in token_chunks:
+        if count >= len(chunk):
+            count -= len(chunk)
+            continue
+        yield chunk[count:] if count else chunk
+        count = 0
+
+
 def ingest(
     armt: ARMT,
     token_chunks: Iterable[list[int]],
     state: MemoryState | None = None,
     progress: Callable[[Progress], None] | None = None,
+    *,
+    start_tokens: int = 0,
+    checkpoint: Callable[[MemoryState, int], None] | None = None,
+    checkpoint_every_s: float = 30.0,
+    should_stop: Callable[[], bool] | None = None,
 ) -> IngestResult:
     """Stream token chunks of any sizes through memory, one segment of S tokens at a time.
 
     The last 1..S tokens are kept as the tail (see `IngestResult`).
+
+    Resuming: `state` is a checkpoint's state and `start_tokens` the number of ids it already
+    holds (its writes times S); that many ids are skipped from the start of the same stream, and
+    the result is the one an uninterrupted run reaches. `checkpoint(state, tokens)` is called with
+    the state after a whole segment at most every `checkpoint_every_s` seconds, when
+    `should_stop()` says so between segments (then `IngestCancelled` is raised), and when anything
+    else (Ctrl-C, a read error) interrupts the run.
     """
+    S = armt.config.segment_len
+    if start_tokens:
+        if state is None or start_tokens != state.writes * S:
+            raise EdgememError(f"a resumed ingest needs a state with {start_tokens} / {S} writes")
+        token_chunks = _skip_tokens(token_chunks, start_tokens)
     state = state or armt.empty_state()
     device = armt.write_embeddings.device
     process = psutil.Process()
     tail: list[int] = []
-    start = time.perf_counter()
-    written = 0
-    with torch.inference_mode():
-        for segment in iter_segments(token_chunks, armt.config.segment_len, tail):
-            state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
-            written += len(segment)
-            if progress is not None:
-                progress(
-                    Progress(written, state.writes, time.perf_counter() - start, process.memory_info().rss)
-                )
+    start = last_saved_at = time.perf_counter()
+    written = saved = start_tokens
+
+    def save() -> None:
+        nonlocal saved, last_saved_at
+        if checkpoint is not None and written > saved:
+            checkpoint(state, written)
+            saved, last_saved_at = written, time.perf_counter()
+
+    try:
+        with torch.inference_mode():
+            for segment in iter_segments(token_chunks, S, tail):
+                state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
+                written += len(segment)
+                if progress is not None:
+                    seconds, rss = time.perf_counter() - start, process.memory_info().rss
+                    progress(Progress(written, state.writes, seconds, rss, start_tokens))
+                if should_stop is not None and should_stop():
+                    save()
+                    raise IngestCancelled(written, checkpoint is not None)
+                if time.perf_counter() - last_saved_at >= checkpoint_every_s:
+                    save()
+    except IngestCancelled:
+        raise
+    except BaseException:
+        # Ctrl-C, a read error, a crash in a step: `state` is still the last whole segment's.
+        with contextlib.suppress(Exception):
+            save()
+        raise
+    if start_tokens and not tail:
+        raise EdgememError("the document is shorter than its saved checkpoint; ingest it again with --force")
     return IngestResult(state, tail, written + len(tail))
 
 

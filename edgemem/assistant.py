@@ -21,10 +21,12 @@ from edgemem.armt import (
     tokenize_stream,
 )
 from edgemem.documents import Scan, iter_text
+from edgemem.errors import EdgememError
 from edgemem.models import DEFAULT_MODEL, LoadedModel, load_model
 from edgemem.store import Library, Record
 
 SHIPPED_ADAPTERS = Path(__file__).parent / "adapters"
+CHECKPOINT_EVERY_S = 30.0  # an unfinished ingest is saved this often (and when cancelled or interrupted)
 
 
 def shipped_adapter(model_name: str) -> Path | None:
@@ -70,15 +72,51 @@ class Assistant:
         library: Library,
         progress: Callable[[Progress], None] | None = None,
         force: bool = False,
+        *,
+        should_stop: Callable[[], bool] | None = None,
+        notice: Callable[[str], None] | None = None,
+        checkpoint_every_s: float = CHECKPOINT_EVERY_S,
     ) -> tuple[Record, IngestResult, bool]:
-        """Ingest a scanned path, or reuse its stored state. -> (record, document, reused)."""
+        """Ingest a scanned path, or reuse its stored state. -> (record, document, reused).
+
+        An unfinished earlier ingest of the same content, model and adapter (cancelled with
+        `should_stop`, interrupted, or killed) is resumed from its last checkpoint; `force` starts
+        from the beginning. `notice` hears about resuming and about a damaged checkpoint.
+        """
         key = (source.content_hash, self.loaded.model_id, self.adapter_hash)
         record = None if force else library.find(*key)
         if record is not None:
             return record, library.load(record, self.armt.state_shapes()), True
+        path = str(source.root.resolve())
+        state, start = None, 0
+        checkpoint = library.find_checkpoint(*key)
+        if checkpoint is not None and force:
+            library.drop_checkpoint(*key)
+        elif checkpoint is not None:
+            try:
+                state, start = (
+                    library.load_checkpoint(checkpoint, self.armt.state_shapes()),
+                    checkpoint.tokens,
+                )
+            except EdgememError as exc:
+                library.drop_checkpoint(*key)
+                if notice is not None:
+                    notice(f"{exc}; starting the ingest from the beginning")
+            else:
+                if notice is not None:
+                    notice(f"resuming the ingest of {path} from {start:,} tokens")
         tokens = tokenize_stream(iter_text(source), self.loaded.tokenizer)
-        doc = ingest(self.armt, tokens, progress=progress)
-        record = library.save(str(source.root.resolve()), *key, doc)
+        doc = ingest(
+            self.armt,
+            tokens,
+            state,
+            progress,
+            start_tokens=start,
+            checkpoint=lambda state, n: library.save_checkpoint(path, *key, state, n),
+            checkpoint_every_s=checkpoint_every_s,
+            should_stop=should_stop,
+        )
+        record = library.save(path, *key, doc)
         return record, doc, False
 
     def ask(self, doc: IngestResult, question: str, **generation) -> Iterator[str]:

@@ -150,7 +150,22 @@ def _ingest(assistant, source, force: bool = False):
                 last_line = p.seconds
                 err.print(f"ingest: {p.tokens:,} tokens, {p.tokens_per_s:,.0f} tok/s, RSS {_mb(p.rss_bytes)}")
 
-        record, doc, reused = assistant.ingest_scan(source, library, progress=report, force=force)
+        def notice(message: str) -> None:
+            err.print(message, markup=False)
+
+        try:
+            record, doc, reused = assistant.ingest_scan(
+                source, library, progress=report, force=force, notice=notice
+            )
+        except KeyboardInterrupt:
+            bar.stop()
+            key = (source.content_hash, assistant.loaded.model_id, assistant.adapter_hash)
+            saved = library.find_checkpoint(*key)
+            if saved is not None:
+                err.print(
+                    f"interrupted: {saved.tokens:,} tokens are saved; run the same command again to resume"
+                )
+            raise
         bar.update(task, total=max(doc.tokens, 1), completed=doc.tokens, tokens=doc.tokens)
     return record, doc, reused
 
