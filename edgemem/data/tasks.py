@@ -1,0 +1,579 @@
+"""Long-context tasks built from the prepared corpora, seeded and deterministic.
+
+Every item is a long context, a question about it, the gold answer(s) and the passage that holds
+the answer (what the `oracle` method sees). Lengths are counted in the model's tokens, context and
+question together, and land within 2% of their bin.
+
+- `niah`: RULER's single needle ("One of the special magic numbers for <key> is: <7 digits>.") at a
+  controlled depth of real prose; `niah-mk` adds three distractor needles with other keys;
+  `niah-mv` hides four values for one key, all of which must be returned.
+- `vt`: RULER's variable tracking: a chain `VAR A = 12345`, `VAR B = VAR A`, ... spread through the
+  haystack with a distractor chain; all the chain's names must be returned.
+- `docqa`: real paragraphs concatenated into a long document; each question is a cloze on one
+  distinctive sentence of one paragraph (a word that occurs once in the whole context).
+- `types`: a masked parameter annotation in real typed Python (sqlalchemy, pandas, mypy; the
+  standard library labelled from typeshed), the file at a controlled depth inside the joined
+  package; items whose parameter name gives the type away are dropped.
+
+All of it comes from the test split only.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgemem.data import corpora
+from edgemem.errors import EdgememError
+
+LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+TASKS = ("niah", "niah-mk", "niah-mv", "vt", "docqa", "types")
+PROSE = ("linux-doc", "python-doc", "gnu-manuals")
+CODE = ("sqlalchemy", "pandas", "mypy", "stdlib")
+TOLERANCE = 0.02
+
+
+@dataclass
+class Item:
+    task: str
+    length: int  # the bin, in tokens
+    index: int
+    context: str
+    question: str
+    answers: list[str]  # all must be found (niah-mv, vt), or the one gold answer
+    passage: str  # the evidence alone: what the oracle sees
+    answer_prefix: str = ""  # starts the assistant's turn, as RULER does
+    tokens: int = 0  # context + question, in the model's tokens
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.task}-{self.length}-{self.index}"
+
+    def to_json(self) -> dict:
+        return {"id": self.id, **asdict(self)}
+
+
+def item_depth(index: int) -> float:
+    """Depth (0..1) of item `index`: the golden-ratio sequence, evenly spread for any number of items
+    and independent of it, so a sweep extended from n to 2n items keeps its first n."""
+    return 0.0 if index == 0 else (index * 0.6180339887498949) % 1.0
+
+
+def _rng(*parts: object) -> random.Random:
+    return random.Random(int(hashlib.sha256("|".join(map(str, parts)).encode()).hexdigest()[:16], 16))
+
+
+# Keys for needles: adjective-noun pairs, far from the documentation's own vocabulary.
+_ADJ = (  # noqa: SIM905
+    "amber azure brave calm crimson dusty eager fancy gentle golden hollow icy jolly lively "
+    "misty noble olive proud quiet rapid rusty silent sunny tidy velvet witty young zesty"
+).split()
+_NOUN = (  # noqa: SIM905
+    "badger canyon dolphin falcon glacier harbor island jaguar kettle lantern meadow nectar "
+    "orchard pebble quartz raven saddle tulip umbrella violin walrus yacht zephyr bison cobra"
+).split()
+
+
+def _key(rng: random.Random, taken: set[str]) -> str:
+    while True:
+        key = f"{rng.choice(_ADJ)}-{rng.choice(_NOUN)}"
+        if key not in taken:
+            taken.add(key)
+            return key
+
+
+def _number(rng: random.Random, digits: int = 7) -> str:
+    return str(rng.randrange(10 ** (digits - 1), 10**digits))
+
+
+class Builder:
+    """Builds items for one tokenizer; haystack text is read from the prepared corpora once."""
+
+    def __init__(
+        self,
+        tokenizer: object,
+        root: Path | None = None,
+        prose: tuple[str, ...] = PROSE,
+        code: tuple[str, ...] = CODE,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.root = root
+        self.prose_sources, self.code_sources = prose, code
+        self._prose: str | None = None
+        self._paragraphs: list[str] | None = None
+        self._code: dict[str, list[dict]] | None = None
+
+    # --- tokens ---
+
+    def count(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)  # type: ignore[operator]
+
+    def cut(self, text: str, tokens: int) -> str:
+        """The longest prefix of `text` with at most `tokens` tokens, cut at a token boundary."""
+        if len(text) > 12 * tokens + 1000:  # no token is longer than 12 characters on average
+            text = text[: 12 * tokens + 1000]
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)  # type: ignore[operator]
+        if len(enc.input_ids) <= tokens:
+            return text
+        return text[: enc.offset_mapping[tokens][0]]
+
+    # --- sources (test split only) ---
+
+    def prose(self) -> str:
+        """The prose haystack: test-split documents of all prose corpora, in a fixed shuffled order."""
+        if self._prose is None:
+            docs = [r for name in self.prose_sources for r in corpora.load(name, "test", self.root)]
+            docs.sort(key=lambda r: r["sha256"])
+            _rng("haystack").shuffle(docs)
+            self._prose = "\n\n".join(r["text"].strip() for r in docs)
+        return self._prose
+
+    def paragraphs(self) -> list[str]:
+        """Prose paragraphs of 200-1200 characters that read as text (not tables, code or markup)."""
+        if self._paragraphs is None:
+            out = []
+            for block in re.split(r"\n\s*\n", self.prose()):
+                block = block.strip()
+                letters = sum(c.isalpha() or c == " " for c in block)
+                if 200 <= len(block) <= 1200 and letters > 0.85 * len(block) and ". " in block:
+                    out.append(block)
+            self._paragraphs = out
+        return self._paragraphs
+
+    def code(self) -> dict[str, list[dict]]:
+        if self._code is None:
+            self._code = {name: list(corpora.load(name, "test", self.root)) for name in self.code_sources}
+        return self._code
+
+    # --- assembling a context of a given length ---
+
+    def _haystack_with(self, needles: list[tuple[float, str]], budget: int, offset: int = 0) -> str:
+        """Real prose of `budget` tokens with each needle sentence inserted at its depth (0..1),
+        snapped back to the nearest sentence or line end."""
+        text = self.cut(self.prose()[offset:], budget)
+        cuts = []
+        for depth, needle in sorted(needles):
+            pos = int(depth * len(text))
+            window = text[max(0, pos - 400) : pos]
+            ends = [m.end() for m in re.finditer(r"[.!?]\s|\n", window)]
+            pos = max(0, pos - len(window) + ends[-1]) if ends else pos
+            cuts.append((pos, needle))
+        parts, last = [], 0
+        for pos, needle in cuts:
+            parts += [text[last:pos], f" {needle} " if pos else f"{needle} "]
+            last = pos
+        parts.append(text[last:])
+        return "".join(parts)
+
+    def _fit(self, make, length: int) -> tuple[str, int]:
+        """Call make(budget) -> context until context + question land within 2% of `length`."""
+        budget = length
+        for _ in range(6):
+            context, question = make(budget)
+            total = self.count(context) + self.count(question)
+            if abs(total - length) <= TOLERANCE * length * 0.5:
+                return context, total
+            budget += length - total
+        if abs(total - length) > TOLERANCE * length:
+            raise EdgememError(f"could not fit a context to {length} tokens (got {total})")
+        return context, total
+
+    # --- tasks ---
+
+    def niah(self, length: int, index: int, n: int, variant: str = "single") -> Item:
+        rng = _rng("niah", variant, length, index)
+        depth = item_depth(index)
+        taken: set[str] = set()
+        key = _key(rng, taken)
+        template = "One of the special magic numbers for {} is: {}."
+        if variant == "mv":
+            values = [_number(rng) for _ in range(4)]
+            depths = sorted([depth] + [rng.random() for _ in range(3)])
+            needles = [(d, template.format(key, v)) for d, v in zip(depths, values, strict=True)]
+            question = f"What are all the special magic numbers for {key} mentioned in the provided text?"
+            prefix = f"The special magic numbers for {key} mentioned in the provided text are"
+        else:
+            values = [_number(rng)]
+            needles = [(depth, template.format(key, values[0]))]
+            if variant == "mk":
+                needles += [(rng.random(), template.format(_key(rng, taken), _number(rng))) for _ in range(3)]
+            question = f"What is the special magic number for {key} mentioned in the provided text?"
+            prefix = f"The special magic number for {key} mentioned in the provided text is"
+        context, tokens = self._fit(
+            lambda b: (self._haystack_with(needles, b - 40 * len(needles)), question), length
+        )
+        task = {"single": "niah", "mk": "niah-mk", "mv": "niah-mv"}[variant]
+        passage = " ".join(s for _, s in sorted(needles) if key in s)
+        meta = {"depth": round(depth, 4), "key": key}
+        return Item(task, length, index, context, question, values, passage, prefix, tokens, meta)
+
+    def vt(self, length: int, index: int, n: int, hops: int = 4) -> Item:
+        rng = _rng("vt", length, index)
+        names: set[str] = set()
+
+        def name() -> str:
+            while (v := "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))) in names:
+                pass
+            names.add(v)
+            return v
+
+        value, other = _number(rng, 5), _number(rng, 5)
+        chain = [name() for _ in range(hops + 1)]
+        decoy = [name() for _ in range(hops + 1)]
+        start = item_depth(index) * 0.5  # the first assignment's depth; the chain spans half the text
+        needles = []
+        for vars_, val, first in ((chain, value, start), (decoy, other, rng.random() * 0.5)):
+            statements = [f"VAR {vars_[0]} = {val}."] + [
+                f"VAR {b} = VAR {a}." for a, b in zip(vars_, vars_[1:], strict=False)
+            ]
+            needles += [(first + k * 0.5 / hops, s) for k, s in enumerate(statements)]
+        question = f"Find all variables that are assigned the value {value} in the text above."
+        prefix = (
+            "According to the chain(s) of variable assignment in the text above, "
+            f"{hops + 1} variables are assigned the value {value}, they are:"
+        )
+        context, tokens = self._fit(
+            lambda b: (self._haystack_with(needles, b - 12 * len(needles)), question), length
+        )
+        passage = " ".join(s for _, s in sorted(needles) if any(f" {v} " in f"{s} " for v in chain))
+        meta = {"depth": round(start, 4)}
+        return Item("vt", length, index, context, question, chain, passage, prefix, tokens, meta)
+
+    def docqa(self, length: int, index: int, n: int, group_size: int = 25) -> Item:
+        """Items of one group share one long document (a user asks many questions about one file);
+        each asks about a different paragraph, at depths spread over the document."""
+        group = index // group_size
+        rng = _rng("docqa", length, group)
+        paras = self.paragraphs()
+        order = rng.sample(range(len(paras)), len(paras))
+
+        def make(budget: int) -> tuple[str, str]:
+            chosen, used = [], 0
+            for k in order:
+                if used > budget * 5:  # characters; a token is 3-4 of them
+                    break
+                chosen.append(k)
+                used += len(paras[k])
+            return self.cut("\n\n".join(paras[k] for k in chosen), budget - 60), _CLOZE_Q.format(
+                sentence="_" * 40
+            )
+
+        context, _ = self._fit(make, length)
+        blocks = context.split("\n\n")[:-1]  # the last paragraph may be cut: never a target
+        target = min(len(blocks) - 1, round(item_depth(index) * (len(blocks) - 1)))
+        counts: dict[str, int] = {}
+        for word in re.findall(r"[A-Za-z]+", context.lower()):
+            counts[word] = counts.get(word, 0) + 1
+        # the nearest paragraph to the target depth that has a sentence with a word found once
+        for offset in range(len(blocks)):
+            for k in (target - offset, target + offset):
+                if 0 <= k < len(blocks) and (
+                    cloze := _cloze(blocks[k], counts, _rng("cloze", length, index))
+                ):
+                    sentence, word = cloze
+                    question = _CLOZE_Q.format(sentence=sentence)
+                    context = self.cut(
+                        context, length - self.count(question)
+                    )  # only the cut last paragraph shrinks
+                    if blocks[k] not in context:
+                        continue
+                    tokens = self.count(context) + self.count(question)
+                    meta = {"depth": round(k / max(1, len(blocks) - 1), 4), "group": group}
+                    prefix = "The missing word is"
+                    return Item(
+                        "docqa", length, index, context, question, [word], blocks[k], prefix, tokens, meta
+                    )
+        raise EdgememError(f"no cloze sentence found for docqa item {length}/{index}")
+
+    def types(self, length: int, index: int, n: int) -> Item:
+        rng = _rng("types", length, index)
+        candidates = self._type_candidates()
+        if not candidates:
+            raise EdgememError("no type annotations found in the test-split code")
+        for _attempt in range(50):
+            cand = candidates[rng.randrange(len(candidates))]
+            file_text = masked(cand)
+            target_tokens = self.count(file_text)
+            if target_tokens > length * 0.9:  # a window of the file around the function
+                lines = file_text.splitlines(keepends=True)
+                line = cand["line"]
+                lo, hi = max(0, line - 40), min(len(lines), line + 20)
+                file_text = "".join(lines[lo:hi])
+                if self.count(file_text) > length * 0.9:
+                    continue
+            depth = item_depth(index)
+            item = self._types_item(cand, file_text, length, index, depth, rng)
+            if item is not None:
+                return item
+        raise EdgememError(f"no types item fits {length} tokens")
+
+    def _types_item(
+        self, cand: dict, file_text: str, length: int, index: int, depth: float, rng
+    ) -> Item | None:
+        others = [r for r in self.code()[cand["source"]] if r["name"] != cand["file"]]
+        others.sort(key=lambda r: r["name"])
+        header = f"# ===== {cand['file']} =====\n"
+        target = header + file_text
+        question = (
+            f"In the code above, the annotation of parameter `{cand['param']}` of `{cand['function']}` "
+            f"in {cand['file']} was removed. What is its type annotation?"
+        )
+
+        def make(budget: int) -> tuple[str, str]:
+            room = max(0, budget - self.count(target) - self.count(question))
+            before_budget, after_budget = int(room * depth), room - int(room * depth)
+            before = self._join_code(others, before_budget, rng_key=("b", length, index), tail=True)
+            after = self._join_code(others, after_budget, rng_key=("a", length, index), tail=False)
+            return before + target + after, question
+
+        try:
+            context, tokens = self._fit(make, length)
+        except EdgememError:
+            return None
+        meta = {"depth": round(depth, 4), "file": cand["file"], "source": cand["source"]}
+        prefix = "The type annotation is `"
+        passage = target
+        return Item("types", length, index, context, question, [cand["type"]], passage, prefix, tokens, meta)
+
+    def _join_code(self, files: list[dict], budget: int, rng_key: tuple, tail: bool) -> str:
+        """Other files of the same package, joined with path headers, `budget` tokens of them."""
+        if budget <= 0:
+            return ""
+        rng = _rng("code", *rng_key)
+        picked, used = [], 0
+        for r in rng.sample(files, len(files)):
+            text = f"# ===== {r['name']} =====\n{r['text']}\n"
+            picked.append(text)
+            used += len(text) // 3
+            if used > budget * 1.3:
+                break
+        joined = "".join(picked)
+        if tail:  # keep the end, so the target file follows a whole line
+            enc = self.tokenizer(joined, add_special_tokens=False, return_offsets_mapping=True)  # type: ignore[operator]
+            ids = enc.input_ids
+            if len(ids) > budget:
+                start = enc.offset_mapping[len(ids) - budget][0]
+                nl = joined.find("\n", start)
+                joined = joined[nl + 1 :] if nl >= 0 else joined[start:]
+            return joined
+        text = self.cut(joined, budget)
+        return text[: text.rfind("\n") + 1] if "\n" in text else text
+
+    def _type_candidates(self) -> list[dict]:
+        if getattr(self, "_cands", None) is None:
+            out = []
+            for source, rows in self.code().items():
+                stubs = corpora.load_stubs(self.root) if source == "stdlib" else None
+                for row in rows:
+                    out += annotated_params(row["text"], row["name"], source, stubs)
+            self._cands = out
+        return self._cands
+
+    def build(self, task: str, length: int, n: int) -> Iterator[Item]:
+        if task not in TASKS:
+            raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
+        for index in range(n):
+            if task.startswith("niah"):
+                yield self.niah(length, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
+            elif task == "vt":
+                yield self.vt(length, index, n)
+            elif task == "docqa":
+                yield self.docqa(length, index, n)
+            else:
+                yield self.types(length, index, n)
+
+
+_CLOZE_Q = (
+    'Which word fills the blank in this sentence from the text above: "{sentence}"? Answer with one word.'
+)
+
+
+def _cloze(paragraph: str, counts: dict[str, int], rng: random.Random) -> tuple[str, str] | None:
+    """A sentence of the paragraph with one distinctive word (found once in the whole context) blanked."""
+    sentences = [
+        s.strip()
+        for s in re.split(r"(?<=[.!?])\s+", paragraph)
+        if 8 <= len(s.split()) <= 40 and not re.search(r"::|[`*|<>_=]|^\.\.", s.strip())
+    ]
+    rng.shuffle(sentences)
+    for sentence in sentences:
+        words = [w for w in re.findall(r"[A-Za-z]+", sentence) if len(w) >= 5 and counts.get(w.lower()) == 1]
+        if words:
+            word = rng.choice(words)
+            blanked = re.sub(rf"\b{word}\b", "____", sentence, count=1)
+            return " ".join(blanked.split()), word
+    return None
+
+
+# --- types: finding annotated parameters ---------------------------------------------------------
+
+
+def masked(cand: dict) -> str:
+    """The candidate's file with the annotation removed."""
+    if cand["new_line"] is None:
+        return cand["text"]
+    lines = cand["text"].splitlines(keepends=True)
+    lines[cand["line"]] = cand["new_line"]
+    return "".join(lines)
+
+
+_GIVEAWAY = {"name": "str", "path": "str", "text": "str", "count": "int", "flag": "bool", "msg": "str"}
+
+
+def gives_type_away(param: str, annotation: str) -> bool:
+    """A parameter whose name alone tells its type (`session: Session`, `name: str`, `is_x: bool`)."""
+    p = param.lower().replace("_", "")
+    words = [w.lower() for w in re.findall(r"[A-Za-z]+", annotation)]
+    if any(len(w) >= 3 and (w in p or (len(p) >= 3 and p in w)) for w in words):
+        return True
+    if param.startswith(("is_", "has_", "use_", "allow_")) and annotation == "bool":
+        return True
+    return _GIVEAWAY.get(param.lower()) == annotation
+
+
+def normalize_type(text: str) -> str:
+    """A canonical spelling of a type annotation: `Optional[List[int]]` == `list[int] | None`."""
+    text = text.strip().strip("`'\" ").rstrip(".").strip()
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError:
+        return re.sub(r"\s+", "", text)
+    return _canon(node)
+
+
+_ALIASES = {
+    "List": "list",
+    "Dict": "dict",
+    "Tuple": "tuple",
+    "Set": "set",
+    "FrozenSet": "frozenset",
+    "Type": "type",
+}
+
+
+def _canon(node: ast.expr) -> str:
+    if isinstance(node, ast.Constant):
+        return (
+            "None"
+            if node.value is None
+            else (node.value if isinstance(node.value, str) else repr(node.value))
+        )
+    if isinstance(node, ast.Name):
+        return _ALIASES.get(node.id, node.id)
+    if isinstance(node, ast.Attribute):
+        if isinstance(node.value, ast.Name) and node.value.id in ("typing", "t", "typing_extensions", "abc"):
+            return _ALIASES.get(node.attr, node.attr)
+        return f"{_canon(node.value)}.{node.attr}"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return "|".join(sorted(set(_union_members(node))))
+    if isinstance(node, ast.Subscript):
+        base = _canon(node.value)
+        args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        if base == "Optional":
+            return "|".join(sorted({*_union_members(args[0]), "None"}))
+        if base == "Union":
+            return "|".join(sorted({m for a in args for m in _union_members(a)}))
+        return f"{base}[{','.join(_canon(a) for a in args)}]"
+    if isinstance(node, ast.List):
+        return f"[{','.join(_canon(e) for e in node.elts)}]"
+    if isinstance(node, ast.Tuple):
+        return ",".join(_canon(e) for e in node.elts)
+    return ast.unparse(node).replace(" ", "")
+
+
+def _union_members(node: ast.expr) -> list[str]:
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _union_members(node.left) + _union_members(node.right)
+    canon = _canon(node)
+    return canon.split("|")
+
+
+def _skip_annotation(annotation: str) -> bool:
+    return (
+        len(annotation) > 60
+        or any(bad in annotation for bad in ("Incomplete", "Unused", "Any", "_T", "Self", "..."))
+        or bool(re.search(r"(^|[^\w.])_", annotation))  # private aliases and type variables
+    )
+
+
+def _functions(tree: ast.AST) -> Iterator[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node.name, node
+        elif isinstance(node, ast.ClassDef):
+            for sub in node.body:
+                if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef):
+                    yield f"{node.name}.{sub.name}", sub
+
+
+def _params(func: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.arg]:
+    a = func.args
+    return [p for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg not in ("self", "cls")]
+
+
+def annotated_params(text: str, file: str, source: str, stubs: dict[str, str] | None = None) -> list[dict]:
+    """Type-annotation items in one file: the file with one annotation removed, and the gold type.
+
+    With `stubs` (the standard library), the source is unannotated and the gold comes from the
+    typeshed stub of the same function and parameter."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = text.splitlines(keepends=True)
+    stub_types: dict[tuple[str, str], str] = {}
+    if stubs is not None:
+        module = file.split("/", 1)[1].removesuffix(".py").removesuffix("/__init__")
+        stub = stubs.get(module)
+        if stub is None:
+            return []
+        try:
+            stub_tree = ast.parse(stub)
+        except SyntaxError:
+            return []
+        for qual, func in _functions(stub_tree):
+            for p in _params(func):
+                if p.annotation is not None:
+                    stub_types[(qual, p.arg)] = ast.unparse(p.annotation)
+    out = []
+    for qual, func in _functions(tree):
+        for p in _params(func):
+            if stubs is not None:
+                if p.annotation is not None or (qual, p.arg) not in stub_types:
+                    continue
+                annotation, new_line = stub_types[(qual, p.arg)], None
+            else:
+                if p.annotation is None:
+                    continue
+                annotation = ast.get_source_segment(text, p.annotation) or ""
+                if p.lineno != p.annotation.end_lineno or "\n" in annotation:
+                    continue
+                line = lines[p.lineno - 1]
+                name_end = p.col_offset + len(p.arg)
+                new_line = line[:name_end] + line[p.annotation.end_col_offset :]
+            owner = qual.split(".")[0] if "." in qual else ""
+            if (
+                _skip_annotation(annotation)
+                or gives_type_away(p.arg, annotation)
+                or owner in annotation.split(".")
+            ):
+                continue
+            out.append(
+                {
+                    "source": source,
+                    "file": file,
+                    "function": qual,
+                    "param": p.arg,
+                    "type": annotation,
+                    "line": p.lineno - 1,
+                    "new_line": new_line,  # the line without the annotation (None: already bare)
+                    "text": text,  # the same string object as the corpus row: no copy
+                }
+            )
+    return out

@@ -1,0 +1,268 @@
+"""The evaluation harness: any method on the same items, one JSONL line per item, a summary, a plot.
+
+    edgemem eval --task niah --lengths 1k,2k,4k --method armt -n 20
+    edgemem eval plot
+
+Results live in one folder (default `docs/eval/`), `<model>/<task>.<method>.jsonl`. A run appends
+and skips items already there, so an interrupted sweep resumes where it stopped. Each line holds
+the prediction, gold, correct, the tokens of the item and those the method computed, seconds,
+the process's peak RSS so far, and the memory the method holds for the context next to the KV
+cache full attention over the whole context would need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from edgemem.data.tasks import LENGTHS, Builder, Item
+from edgemem.errors import EdgememError
+from edgemem.scoring import score
+
+DEFAULT_RESULTS = Path("docs/eval")
+MAX_NEW_TOKENS = {"niah": 32, "niah-mk": 32, "niah-mv": 96, "vt": 64, "docqa": 8, "types": 16}
+TABLE_BEGIN, TABLE_END = "<!-- eval-table:begin -->", "<!-- eval-table:end -->"
+
+
+def parse_lengths(text: str) -> list[int]:
+    """ "1k,2k,64k" or "1024,2048" -> [1024, 2048, 65536]; only the task bins are allowed."""
+    out = []
+    for part in filter(None, (p.strip().lower() for p in text.split(","))):
+        try:
+            value = int(float(part[:-1]) * 1024) if part.endswith("k") else int(part)
+        except ValueError:
+            raise EdgememError(f"bad length {part!r}: use numbers like 1k,2k,4k or 1024") from None
+        if value not in LENGTHS:
+            raise EdgememError(
+                f"length {part} is not a bin: choose from {', '.join(f'{n // 1024}k' for n in LENGTHS)}"
+            )
+        out.append(value)
+    if not out:
+        raise EdgememError("no lengths given")
+    return sorted(set(out))
+
+
+def method_label(method: str, engine: str) -> str:
+    return method if method == "armt" or engine == "llama" else f"{method}-{engine}"
+
+
+def _model_dir_name(model: str) -> str:
+    return Path(model).stem if ("/" in model or model.endswith(".gguf")) else model
+
+
+def results_file(results: Path, model: str, task: str, label: str) -> Path:
+    return results / _model_dir_name(model) / f"{task}.{label}.jsonl"
+
+
+def _done_ids(path: Path) -> set[str]:
+    if not path.is_file():
+        return set()
+    done = set()
+    for line in path.read_text().splitlines():
+        try:
+            done.add(json.loads(line)["id"])
+        except (json.JSONDecodeError, KeyError):
+            continue  # a line cut by a kill: that item runs again
+    return done
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+@dataclass
+class RunReport:
+    path: Path
+    ran: int
+    skipped: int
+    correct: int
+
+
+def run(
+    task: str,
+    lengths: list[int],
+    method: str,
+    n: int,
+    model: str,
+    engine: str = "llama",
+    adapter: str | None = None,
+    results: Path = DEFAULT_RESULTS,
+    log: Callable[[str], None] = print,
+    items: Callable[[int], list[Item]] | None = None,
+) -> RunReport:
+    """Run one method on `n` items per length bin of one task; append to its JSONL."""
+    from edgemem import methods
+    from edgemem.models import load_tokenizer
+
+    label = method_label(method, engine)
+    path = results_file(results, model, task, label)
+    done = _done_ids(path)
+    if items is None:
+        builder = Builder(load_tokenizer(model))
+
+        def items(length: int) -> list[Item]:
+            return list(builder.build(task, length, n))
+
+    runner = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ran = skipped = correct = 0
+    with open(path, "a", encoding="utf-8") as out:
+        for length in lengths:
+            todo = [it for it in items(length) if it.id not in done]
+            skipped += n - len(todo)
+            for item in todo:
+                if runner is None:  # loaded only when there is work
+                    runner = methods.build(method, model, engine, adapter)
+                start = time.perf_counter()
+                pred = runner.predict(item, MAX_NEW_TOKENS[task])
+                seconds = time.perf_counter() - start
+                sc = score(task, pred.text, item.answers)
+                record = {
+                    "id": item.id,
+                    "task": task,
+                    "length": length,
+                    "method": label,
+                    "model": model,
+                    "prediction": pred.text,
+                    "gold": item.answers,
+                    "correct": sc.correct,
+                    "score": round(sc.score, 4),
+                    "em": sc.em,
+                    "tokens": item.tokens,
+                    "computed_tokens": pred.processed_tokens,
+                    "seconds": round(seconds, 3),
+                    "peak_rss_mb": round(_peak_rss_mb(), 1),
+                    "memory_mb": round(pred.memory_bytes / 2**20, 2),
+                    "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
+                    "depth": item.meta.get("depth"),
+                }
+                out.write(json.dumps(record) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+                ran += 1
+                correct += sc.correct
+                log(
+                    f"{item.id} {label}: {'ok ' if sc.correct else 'bad'} {seconds:6.1f}s "
+                    f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
+                )
+    return RunReport(path, ran, skipped, correct)
+
+
+def _kv_per_token(runner: object) -> int:
+    return int(getattr(runner, "kv_per_token", 0))
+
+
+# --- summary, table, plot ----------------------------------------------------------------------------
+
+
+def load_records(results: Path) -> list[dict]:
+    records = []
+    for path in sorted(results.glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (model, task, method, length): accuracy and the cost columns."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["model"], r["task"], r["method"], r["length"]), []).append(r)
+    rows = []
+    for (model, task, method, length), rs in sorted(groups.items()):
+        seconds = sum(r["seconds"] for r in rs)
+        rows.append(
+            {
+                "model": model,
+                "task": task,
+                "method": method,
+                "length": length,
+                "n": len(rs),
+                "accuracy": sum(r["correct"] for r in rs) / len(rs),
+                "score": sum(r["score"] for r in rs) / len(rs),
+                "s_per_item": seconds / len(rs),
+                "tokens_per_s": sum(r["computed_tokens"] for r in rs) / seconds if seconds else 0.0,
+                "peak_rss_mb": max(r["peak_rss_mb"] for r in rs),
+                "memory_mb": sum(r["memory_mb"] for r in rs) / len(rs),
+                "kv_full_mb": sum(r["kv_full_mb"] for r in rs) / len(rs),
+            }
+        )
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    lines = [
+        "| model | task | method | length | n | accuracy | s/item | computed tok/s | peak RSS MB "
+        "| method memory MB | full-attention KV MB |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['task']} | {r['method']} | {r['length'] // 1024}k | {r['n']} "
+            f"| {r['accuracy']:.2f} | {r['s_per_item']:.1f} | {r['tokens_per_s']:.0f} "
+            f"| {r['peak_rss_mb']:.0f} "
+            f"| {r['memory_mb']:.1f} | {r['kv_full_mb']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def update_results_md(path: Path, table: str) -> None:
+    text = path.read_text() if path.is_file() else "# Results\n"
+    block = f"{TABLE_BEGIN}\n{table}\n{TABLE_END}"
+    if TABLE_BEGIN in text and TABLE_END in text:
+        head, rest = text.split(TABLE_BEGIN, 1)
+        text = head + block + rest.split(TABLE_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Long-context evaluation\n\n" + block + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def plot(rows: list[dict], out: Path) -> Path:
+    """Accuracy vs context length, one panel per (model, task), one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = sorted({(r["model"], r["task"]) for r in rows})
+    if not panels:
+        raise EdgememError("no evaluation results to plot")
+    cols = min(3, len(panels))
+    nrows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    for ax, (model, task) in zip(axes.flat, panels, strict=False):
+        for method in sorted({r["method"] for r in rows if (r["model"], r["task"]) == (model, task)}):
+            pts = sorted(
+                (r["length"], r["accuracy"])
+                for r in rows
+                if (r["model"], r["task"], r["method"]) == (model, task, method)
+            )
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({r["length"] for r in rows}))
+        ax.set_xticklabels([f"{n // 1024}k" for n in sorted({r["length"] for r in rows})], fontsize=7)
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_title(f"{task} ({model})", fontsize=9)
+        ax.set_xlabel("context tokens", fontsize=8)
+        ax.set_ylabel("accuracy", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(".tmp-" + out.name)
+    fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+    os.replace(tmp, out)
+    return out

