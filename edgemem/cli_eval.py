@@ -52,16 +52,7 @@ def data_show(
     from edgemem.models import load_tokenizer
 
     (bin_,) = parse_lengths(length)
-    if not 0 <= index < n:
-        raise EdgememError(f"--index must be in 0..{n - 1}")
-    builder = Builder(load_tokenizer(model))
-    item = {"niah": builder.niah, "vt": builder.vt, "docqa": builder.docqa, "types": builder.types}
-    if task.startswith("niah") and task in ("niah", "niah-mk", "niah-mv"):
-        it = builder.niah(bin_, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
-    elif task in item:
-        it = item[task](bin_, index, n)
-    else:
-        raise EdgememError(f"unknown task {task!r}")
+    it = Builder(load_tokenizer(model)).item(task, bin_, index, n)
     data = it.to_json()
     ctx = data["context"]
     data["context"] = (

@@ -55,9 +55,7 @@ def builder(tmp_path_factory):
 
 
 def _one(builder, task, length, index, n):
-    if task.startswith("niah"):
-        return builder.niah(length, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
-    return {"vt": builder.vt, "docqa": builder.docqa, "types": builder.types}[task](length, index, n)
+    return builder.item(task, length, index, n)
 
 
 @pytest.mark.parametrize("task", tasks.TASKS)

@@ -14,7 +14,6 @@ whose inputs have not changed is skipped.
 
 from __future__ import annotations
 
-import ast
 import gzip
 import hashlib
 import json
@@ -433,11 +432,3 @@ def load_stubs(root: Path | None = None) -> dict[str, str]:
         raise EdgememError("typeshed stubs are not prepared: run `edgemem data prepare stdlib`")
     with open(path, encoding="utf-8") as handle:
         return {row["module"]: row["text"] for row in map(json.loads, handle)}
-
-
-def parses(text: str) -> bool:
-    try:
-        ast.parse(text)
-    except (SyntaxError, ValueError):
-        return False
-    return True

@@ -375,18 +375,19 @@ class Builder:
             self._cands = out
         return self._cands
 
-    def build(self, task: str, length: int, n: int) -> Iterator[Item]:
+    def item(self, task: str, length: int, index: int, n: int) -> Item:
+        """Item `index` of a bin of `n` (`n` only bounds the index: items do not depend on it)."""
         if task not in TASKS:
             raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
+        if not 0 <= index < n:
+            raise EdgememError(f"item index {index} is outside 0..{n - 1}")
+        if task.startswith("niah"):
+            return self.niah(length, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
+        return {"vt": self.vt, "docqa": self.docqa, "types": self.types}[task](length, index, n)
+
+    def build(self, task: str, length: int, n: int) -> Iterator[Item]:
         for index in range(n):
-            if task.startswith("niah"):
-                yield self.niah(length, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
-            elif task == "vt":
-                yield self.vt(length, index, n)
-            elif task == "docqa":
-                yield self.docqa(length, index, n)
-            else:
-                yield self.types(length, index, n)
+            yield self.item(task, length, index, n)
 
 
 _CLOZE_Q = (
