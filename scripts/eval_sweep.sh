@@ -5,8 +5,8 @@ set -euo pipefail
 N=${N:-5}
 LENGTHS=${LENGTHS:-1k,2k,4k,8k,16k,32k,64k}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
-for method in oracle rag window armt; do
-  for task in niah vt docqa types; do
+for task in niah docqa vt types; do
+  for method in oracle window rag armt; do
     edgemem eval --task "$task" --method "$method" --lengths "$LENGTHS" -n "$N"
   done
 done
