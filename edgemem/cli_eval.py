@@ -47,11 +47,13 @@ def data_show(
     model: ModelOpt = "smollm2-135m-instruct",
 ) -> None:
     """Print one task item as JSON (context shortened), to see what a method is asked."""
-    from edgemem.data.tasks import Builder
+    from edgemem.data.tasks import TASKS, Builder
     from edgemem.evaluate import parse_lengths
     from edgemem.models import load_tokenizer
 
     (bin_,) = parse_lengths(length)
+    if task not in TASKS:
+        raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
     it = Builder(load_tokenizer(model)).item(task, bin_, index, n)
     data = it.to_json()
     ctx = data["context"]

@@ -104,6 +104,9 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval", "--task", "poems"], "unknown task"),
         (["eval", "--task", "niah", "--lengths", "3k"], "not a bin"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
+        (["data", "show", "poems"], "unknown task"),
+        (["data", "show", "niah", "5k"], "not a bin"),
+        (["data", "prepare", "wikipedia"], "unknown corpus"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 1, args
