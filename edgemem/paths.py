@@ -1,7 +1,8 @@
-"""Where edgemem keeps its files: one data directory (library, states) and one cache directory.
+"""Where edgemem keeps its files: a data directory (library, states), a cache directory and a
+config directory (the chat app's settings).
 
-`EDGEMEM_HOME` overrides both (data in `$EDGEMEM_HOME/data`, cache in `$EDGEMEM_HOME/cache`),
-which is what the tests use to stay out of the user's real directories.
+`EDGEMEM_HOME` overrides all three (`$EDGEMEM_HOME/data`, `/cache`, `/config`), which is what the
+tests use to stay out of the user's real directories.
 """
 
 from __future__ import annotations
@@ -22,5 +23,12 @@ def data_dir() -> Path:
 def cache_dir() -> Path:
     home = os.environ.get("EDGEMEM_HOME")
     path = Path(home) / "cache" if home else Path(platformdirs.user_cache_dir("edgemem"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def config_dir() -> Path:
+    home = os.environ.get("EDGEMEM_HOME")
+    path = Path(home) / "config" if home else Path(platformdirs.user_config_dir("edgemem"))
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -1,5 +1,6 @@
 """The Textual terminal app (`edgemem chat`), installed as `edgemem.tui`.
 
-Not built yet: the chat app is its own issue. It will use `edgemem.assistant.Assistant` and the
-library store, like the CLI does.
+`edgemem.tui.app.EdgememApp` is the app; `edgemem.tui.config` its settings file;
+`edgemem.tui.screens` the help, add-path, settings and confirm dialogs. It uses
+`edgemem.assistant.Assistant` and the library store, like the CLI does; the core never imports it.
 """
