@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, Select
 from tiny_assistant import tiny_assistant
 
 from edgemem.store import Library
@@ -333,13 +333,22 @@ def test_help_footer_and_both_themes_at_80x24(assistant, home, doc):
         app = make_app(assistant, doc)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.status_of(doc) == "ready", what="ingest")
-            footer_keys = {key.key for key in app.query_one(Footer).query("FooterKey")}
-            assert {"f1", "ctrl+o", "ctrl+r", "ctrl+l", "f2", "ctrl+q"} <= footer_keys
+            await ask(pilot, "Hello?")  # so that "copy" is offered too
+            await pilot.click("#docs")  # the library's own key (delete) joins the footer
+            keys = list(app.query_one(Footer).query("FooterKey"))
+            assert {"f1", "ctrl+o", "ctrl+r", "ctrl+y", "ctrl+l", "f2", "ctrl+q", "delete"} <= {
+                k.key for k in keys
+            }
+            assert max(k.region.right for k in keys) <= 80  # the whole footer fits in 80 columns
+            assert app.query_one("#question").region.bottom <= 23  # and everything else in 24 rows
             await pilot.press("f1")
             await until(pilot, lambda: isinstance(app.screen, HelpScreen))
             await pilot.press("escape")
-            await pilot.press("f3")
-            assert app.theme == "textual-light" and load_settings()[0].theme == "textual-light"
-            assert app.query_one("#question").region.bottom <= 23  # everything fits on the screen
+            await pilot.press("f2")
+            await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+            app.screen.query_one("#set-theme", Select).value = "textual-light"
+            await pilot.press("ctrl+s")
+            await until(pilot, lambda: app.theme == "textual-light")
+            assert load_settings()[0].theme == "textual-light"
 
     run(session())

@@ -13,6 +13,7 @@ notification, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import inspect
@@ -124,13 +125,12 @@ class EdgememApp(App[None]):
     BINDINGS = [
         Binding("f1", "help", "Help"),
         Binding("ctrl+o", "add_path", "Add"),
-        Binding("ctrl+r", "reingest", "Re-ingest"),
-        Binding("ctrl+g", "cancel_ingest", "Cancel ingest"),
+        Binding("ctrl+r", "reingest", "Ingest"),
+        Binding("ctrl+g", "cancel_ingest", "Cancel"),
         Binding("escape", "stop", "Stop"),
         Binding("ctrl+y", "copy_answer", "Copy"),
         Binding("ctrl+l", "clear_chat", "Clear"),
-        Binding("f2", "settings", "Settings"),
-        Binding("f3", "toggle_theme", "Theme"),
+        Binding("f2", "settings", "Config"),
         Binding("ctrl+q", "quit", "Quit", priority=True),
     ]
 
@@ -183,10 +183,17 @@ class EdgememApp(App[None]):
                     yield ProgressBar(id="ingest-bar", show_eta=False)
                     yield Static("", id="ingest-stats", markup=False)
                 yield Input(placeholder="Ask about the selected document (Enter)", id="question")
-        yield Footer()
+        yield Footer(compact=True, show_command_palette=False)  # ctrl+p still opens the palette
 
     def on_mount(self) -> None:
-        self.theme = self.settings.theme
+        if self.settings.theme in self.available_themes:
+            self.theme = self.settings.theme
+        else:
+            self.notify(
+                f"settings: unknown theme {self.settings.theme!r}; using {self.theme}", severity="warning"
+            )
+            self.settings = replace(self.settings, theme=self.theme)
+        self.theme_changed_signal.subscribe(self, self._theme_changed)
         table = self.query_one(DocTable)
         table.add_column("document", width=17, key="name")
         table.add_column("status", width=9, key="status")
@@ -782,7 +789,7 @@ class EdgememApp(App[None]):
         self.push_screen(HelpScreen())
 
     def action_settings(self) -> None:
-        self.push_screen(SettingsScreen(self.settings), self._apply_settings)
+        self.push_screen(SettingsScreen(self.settings, sorted(self.available_themes)), self._apply_settings)
 
     def _apply_settings(self, settings: Settings | None) -> None:
         if settings is None:
@@ -810,9 +817,13 @@ class EdgememApp(App[None]):
     def _reload_model(self) -> None:
         self._load_model()
 
-    def action_toggle_theme(self) -> None:
-        theme = "textual-light" if self.theme == "textual-dark" else "textual-dark"
-        self._apply_settings(replace(self.settings, theme=theme))
+    def _theme_changed(self, theme: object) -> None:
+        """A theme picked in the command palette (ctrl+p) is kept, like one picked in the settings."""
+        name = getattr(theme, "name", None)
+        if isinstance(name, str) and name != self.settings.theme:
+            self.settings = replace(self.settings, theme=name)
+            with contextlib.suppress(OSError):
+                save_settings(self.settings, self.settings_file)
 
     async def action_quit(self) -> None:
         """Quit; a running ingest stops at the end of its segment and keeps its progress."""

@@ -30,8 +30,8 @@ segments into a fixed-size memory (about 5 MB), however long it is.
 | `escape` | stop the answer being written |
 | `ctrl+y` | copy the last answer to the clipboard |
 | `ctrl+l` | clear the conversation about this document |
-| `f2` | settings: model, engine, temperature, answer length, theme |
-| `f3` | switch between the dark and the light theme |
+| `f2` | settings: model, engine, temperature, answer length, theme (light or dark) |
+| `ctrl+p` | the command palette (themes, keys, quit) |
 | `tab` | move between the library, the conversation and the question box |
 | `f1` | this help |
 | `ctrl+q` | quit (a running ingest is saved and resumes next time) |
@@ -111,9 +111,10 @@ class SettingsScreen(ModalScreen[Settings | None]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel"), Binding("ctrl+s", "save", "Save")]
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, themes: list[str] | None = None) -> None:
         super().__init__()
         self.settings = settings
+        self.themes = themes or list(THEMES)
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -129,7 +130,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Label("max new tokens")
                 yield Input(str(s.max_new_tokens), id="set-max-new-tokens", type="integer")
                 yield Label("theme")
-                yield Select([(t, t) for t in THEMES], value=s.theme, allow_blank=False, id="set-theme")
+                themes = self.themes if s.theme in self.themes else [*self.themes, s.theme]
+                yield Select([(t, t) for t in themes], value=s.theme, allow_blank=False, id="set-theme")
             with Horizontal(id="settings-buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
