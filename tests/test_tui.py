@@ -56,6 +56,11 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def sources(app):
+    """The Markdown of the messages shown (a message widget has its text once it is mounted)."""
+    return [m.source for m in app.query(".msg")]
+
+
 def errors(app):
     return [text for severity, text in app.notices if severity == "error"]
 
@@ -99,8 +104,8 @@ def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(assis
             assert not app.query_one("#ingest-box").has_class("active")  # and went away at the end
             assert any("ingested" in text for _, text in app.notices)
             await ask(pilot, "Which code?")
-            shown = [m.source for m in app.query(".msg")]
-            assert shown == ["Which code?", app.last_answer] and app.last_answer.strip()
+            assert app.last_answer.strip()
+            await until(pilot, lambda: sources(app) == ["Which code?", app.last_answer], what="the messages")
             return app.last_answer, app.answer_pieces
 
     answer, pieces = run(first_session())
@@ -109,11 +114,10 @@ def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(assis
     async def second_session():
         app = make_app(assistant)
         async with app.run_test() as pilot:
-            await until(pilot, lambda: len(app.query(".msg")) == 2, what="the saved conversation")
+            await until(pilot, lambda: sources(app) == ["Which code?", answer], what="the saved conversation")
             assert app.status_of(doc) == "ready"
-            return [m.source for m in app.query(".msg")]
 
-    assert run(second_session()) == ["Which code?", answer]
+    run(second_session())
 
 
 def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(assistant, home, tmp_path):
@@ -197,17 +201,24 @@ def test_copy_stop_and_clear_the_conversation(assistant, home, doc):
     run(session())
 
 
-def test_remove_a_document_from_the_library(assistant, home, doc):
+def test_remove_a_document_from_the_library(assistant, home, doc, tmp_path):
+    other = tmp_path / "other.txt"
+    other.write_text(TEXT[:300])
+
     async def session():
-        app = make_app(assistant, doc)
+        app = make_app(assistant, doc, other)
         async with app.run_test() as pilot:
-            await until(pilot, lambda: app.status_of(doc) == "ready", what="ingest")
-            await pilot.click("#docs")
+            await until(pilot, lambda: app.status_of(doc) == app.status_of(other) == "ready", what="ingest")
+            app.query_one("#docs").focus()  # tab would do the same; the library's delete key applies
+            await pilot.pause()
+            removed = app.current
             await pilot.press("delete")
             await pilot.press("y")
-            await until(pilot, lambda: app.status_of(doc) is None, what="the removal")
+            await until(pilot, lambda: app.status_of(removed) is None, what="the removal")
+            kept = str(other.resolve()) if removed == str(doc.resolve()) else str(doc.resolve())
+            assert app.current == kept  # the other document is selected now
             with Library() as lib:
-                assert lib.records() == []
+                assert [r.path for r in lib.records()] == [kept]
 
     run(session())
 

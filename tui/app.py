@@ -30,6 +30,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.widgets import DataTable, Footer, Header, Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
@@ -388,8 +389,13 @@ class EdgememApp(App[None]):
 
     @on(DataTable.RowHighlighted, "#docs")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.row_key.value is not None and event.row_key.value != self.current:
-            self._select(event.row_key.value)
+        key = event.row_key.value
+        if key is None or key == self.current or key not in self.entries:  # a row already gone
+            return
+        if event.cursor_row != event.data_table.cursor_row:  # stale: from before a redraw of the table
+            return
+        with contextlib.suppress(NoMatches):  # a highlight arriving while the app closes: nothing to show
+            self._select(key)
 
     @on(DataTable.RowSelected, "#docs")
     def _row_selected(self, event: DataTable.RowSelected) -> None:
@@ -627,11 +633,7 @@ class EdgememApp(App[None]):
         self.notify(f"removed {entry.name}")
         self._refresh_entries()
         if self.entries:
-            self._select(
-                self.query_one(DocTable)
-                .coordinate_to_cell_key((self.query_one(DocTable).cursor_row, 0))
-                .row_key.value
-            )  # type: ignore[arg-type]
+            self._select(max(self.entries.values(), key=self._entry_time).path)
         else:
             self.query_one("#chat-panel").border_title = "Chat"
             self._show_empty_chat("The library is empty: press ctrl+o to add a file or folder.")
