@@ -340,6 +340,8 @@ def test_a_bad_settings_file_is_reported_and_defaults_used(assistant, home):
 
 
 def test_help_footer_and_both_themes_at_80x24(assistant, home, doc):
+    save_settings(Settings(max_new_tokens=8))
+
     async def session():
         app = make_app(assistant, doc)
         async with app.run_test(size=(80, 24)) as pilot:
