@@ -6,16 +6,15 @@ Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import sys
-from collections.abc import Callable
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from edgemem.cli_common import AdapterOpt, ModelOpt, SegmentOpt, _out, err, user_errors
+from edgemem.cli_eval import data_app, eval_app
 from edgemem.errors import EdgememError
 
 app = typer.Typer(
@@ -26,45 +25,10 @@ app = typer.Typer(
 )
 bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_is_help=True)
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
+app.add_typer(eval_app, name="eval")
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def _out() -> Console:
-    """stdout console; when piped, tables keep their natural width instead of 80 columns."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
-
-
-F = TypeVar("F", bound=Callable[..., object])
 LOG_EVERY_S = 30.0  # progress line interval when stderr is not a terminal
-
-ModelOpt = Annotated[
-    str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")
-]
-AdapterOpt = Annotated[
-    str | None,
-    typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model."),
-]
-SegmentOpt = Annotated[
-    int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")
-]
-
-
-def user_errors(func: F) -> F:
-    """Turn EdgememError into a one-line message and exit code 1; Ctrl-C into exit code 130."""
-
-    @functools.wraps(func)
-    def wrapper(*args: object, **kwargs: object) -> object:
-        try:
-            return func(*args, **kwargs)
-        except EdgememError as exc:
-            err.print(f"error: {exc}", markup=False, soft_wrap=True)
-            raise typer.Exit(exc.exit_code) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
-            raise typer.Exit(130) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _mb(n: float) -> str:
@@ -285,12 +249,6 @@ def bench_ingest(
     except ValueError as exc:
         raise EdgememError(f"--sizes must be comma-separated integers, got {sizes!r}") from exc
     run_ingest_bench(counts, corpus, model, output, _out())
-
-
-from edgemem.cli_eval import data_app, eval_app  # noqa: E402  (it uses the helpers above)
-
-app.add_typer(data_app, name="data")
-app.add_typer(eval_app, name="eval")
 
 
 def main() -> None:

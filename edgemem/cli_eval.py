@@ -1,6 +1,6 @@
 """`edgemem data ...` and `edgemem eval ...`: corpora, long-context tasks and the evaluation harness.
 
-Registered on the main app by edgemem/cli.py.
+Registered on the main app in edgemem/cli.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from edgemem.cli import ModelOpt, _out, err, user_errors
+from edgemem.cli_common import ModelOpt, _out, err, user_errors
 from edgemem.errors import EdgememError
 
 data_app = typer.Typer(

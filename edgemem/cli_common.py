@@ -1,0 +1,54 @@
+"""What every `edgemem` command shares: the consoles, common options and the user-error wrapper.
+
+Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, TypeVar
+
+import typer
+from rich.console import Console
+
+from edgemem.errors import EdgememError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _out() -> Console:
+    """stdout console; when piped, tables keep their natural width instead of 80 columns."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 1000)
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+ModelOpt = Annotated[
+    str, typer.Option("--model", "-m", help="Registry name, or a path to a .gguf file or model folder.")
+]
+AdapterOpt = Annotated[
+    str | None,
+    typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model."),
+]
+SegmentOpt = Annotated[
+    int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")
+]
+
+
+def user_errors(func: F) -> F:
+    """Turn EdgememError into a one-line message and exit code 1; Ctrl-C into exit code 130."""
+
+    @functools.wraps(func)
+    def wrapper(*args: object, **kwargs: object) -> object:
+        try:
+            return func(*args, **kwargs)
+        except EdgememError as exc:
+            err.print(f"error: {exc}", markup=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
