@@ -240,6 +240,8 @@ def plot(rows: list[dict], out: Path) -> Path:
     cols = min(3, len(panels))
     nrows = -(-len(panels) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows), squeeze=False)
+    methods = sorted({r["method"] for r in rows})
+    colors = {m: f"C{i % 10}" for i, m in enumerate(methods)}  # one colour per method in every panel
     for ax, (model, task) in zip(axes.flat, panels, strict=False):
         for method in sorted({r["method"] for r in rows if (r["model"], r["task"]) == (model, task)}):
             pts = sorted(
@@ -247,7 +249,7 @@ def plot(rows: list[dict], out: Path) -> Path:
                 for r in rows
                 if (r["model"], r["task"], r["method"]) == (model, task, method)
             )
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method, color=colors[method])
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted({r["length"] for r in rows}))
         ax.set_xticklabels([f"{n // 1024}k" for n in sorted({r["length"] for r in rows})], fontsize=7)

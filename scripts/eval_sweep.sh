@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The evaluation behind docs/RESULTS.md: every method on every task, 1k to 64k tokens.
+# The evaluation behind docs/RESULTS.md: every method on every task, 1k to 64k tokens, then the
+# transformers cross-check of the llama.cpp window baseline, then the table and the plot.
 # Resumable: re-running skips items already in docs/eval/. N items per length bin (default 5).
 set -euo pipefail
 N=${N:-5}
@@ -10,4 +11,5 @@ for task in niah docqa vt types; do
     edgemem eval --task "$task" --method "$method" --lengths "$LENGTHS" -n "$N"
   done
 done
+edgemem eval --task niah --method window --engine hf --lengths 1k,2k,4k,8k -n "$N"
 edgemem eval plot --update docs/RESULTS.md
