@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-import json, glob, collections
+import collections
+import glob
+import json
+
 # projected wall time of a 100-item-per-bin niah sweep to 32k, from the measured seconds per item
 secs = collections.defaultdict(list)
 for path in glob.glob("docs/eval/smollm2-135m-instruct/niah.*.jsonl"):
