@@ -138,37 +138,22 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     if importlib.util.find_spec("llama_cpp") is not None:
         runs.append(("window", "llama"))
     results = tmp_path / "results"
-    for method, engine in runs:
-        report = run(
-            "niah",
-            [1024],
-            method,
-            2,
-            "smollm2-135m-instruct",
-            engine,
-            None,
-            results,
-            log=lambda s: None,
-            items=lambda n: items,
+
+    def run_slice(method: str, engine: str):
+        model = "smollm2-135m-instruct"
+        return run(
+            "niah", [1024], method, 2, model, engine, None, results, log=lambda s: None, items=lambda n: items
         )
+
+    for method, engine in runs:
+        report = run_slice(method, engine)
         assert report.ran == 2, method
         lines = [json.loads(x) for x in report.path.read_text().splitlines()]
         assert [r["id"] for r in lines] == [it.id for it in items]
         for r in lines:
             assert r["gold"] == items[int(r["id"].rsplit("-", 1)[1])].answers
             assert r["seconds"] > 0 and r["computed_tokens"] > 0 and r["peak_rss_mb"] > 100
-        again = run(
-            "niah",
-            [1024],
-            method,
-            2,
-            "smollm2-135m-instruct",
-            engine,
-            None,
-            results,
-            log=lambda s: None,
-            items=lambda n: items,
-        )
+        again = run_slice(method, engine)
         assert again.ran == 0 and again.skipped == 2  # resumable: nothing runs twice
     oracle = [
         json.loads(x)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import json
 import os
 import re
@@ -60,19 +61,24 @@ def hash_split(source: str, name: str) -> str:
     return "train" if bucket < 80 else "validation" if bucket < 90 else "test"
 
 
-def committed_splits(source: str) -> dict[str, str]:
-    """name -> split from `edgemem/data/splits/<source>.tsv` (validation and test only)."""
+def _recorded(source: str) -> dict[str, tuple[str, str]]:
+    """name -> (split, sha256) from `edgemem/data/splits/<source>.tsv` (validation and test only)."""
     path = SPLITS_DIR / f"{source}.tsv"
     if not path.is_file():
         return {}
-    out: dict[str, str] = {}
+    out: dict[str, tuple[str, str]] = {}
     for line in path.read_text().splitlines():
         if line and not line.startswith("#"):
-            split, name, _sha = line.split("\t")
-            if name in out and out[name] != split:
+            split, name, sha = line.split("\t")
+            if name in out and out[name][0] != split:
                 raise EdgememError(f"{path}: {name} is listed in two splits")
-            out[name] = split
+            out[name] = (split, sha)
     return out
+
+
+def committed_splits(source: str) -> dict[str, str]:
+    """name -> split from `edgemem/data/splits/<source>.tsv` (validation and test only)."""
+    return {name: split for name, (split, _sha) in _recorded(source).items()}
 
 
 def split_of(source: str, name: str, recorded: dict[str, str]) -> str:
@@ -266,8 +272,6 @@ def _extract_deb(deb: Path, into: Path) -> None:
         body = data[pos + 60 : pos + 60 + size]
         pos += 60 + size + (size % 2)
         if name.startswith("data.tar"):
-            import io
-
             mode = "r:xz" if name.endswith(".xz") else "r:gz" if name.endswith(".gz") else "r:*"
             with tarfile.open(fileobj=io.BytesIO(body), mode=mode) as tar:
                 tar.extractall(into, filter="data")
@@ -358,7 +362,8 @@ def prepare_source(source: Source, root: Path | None = None, log: Callable[[str]
             log(f"{source.name}: up to date ({meta['documents']} documents)")
             return meta
     tree = extract(files, root / "trees" / source.name)
-    recorded = committed_splits(source.name)
+    listed = _recorded(source.name)
+    recorded = {name: split for name, (split, _sha) in listed.items()}
     rows: list[dict] = []
     for doc in documents(source, tree):
         split = split_of(source.name, doc.name, recorded)
@@ -367,11 +372,7 @@ def prepare_source(source: Source, root: Path | None = None, log: Callable[[str]
         )
     if not rows:
         raise EdgememError(f"{source.name}: no documents found in {tree}")
-    drift = [
-        r["name"]
-        for r in rows
-        if r["name"] in recorded and _recorded_sha(source.name, r["name"]) != r["sha256"]
-    ]
+    drift = [r["name"] for r in rows if r["name"] in listed and listed[r["name"]][1] != r["sha256"]]
     if drift:
         log(f"{source.name}: {len(drift)} held-out documents changed since their split was recorded")
     _atomic_lines(out, (json.dumps(r, ensure_ascii=False) for r in rows))
@@ -393,16 +394,6 @@ def prepare_source(source: Source, root: Path | None = None, log: Callable[[str]
     shutil.rmtree(tree, ignore_errors=True)
     log(f"{source.name}: {len(rows)} documents, {meta['chars']:,} characters, splits {counts}")
     return meta
-
-
-def _recorded_sha(source: str, name: str) -> str | None:
-    path = SPLITS_DIR / f"{source}.tsv"
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        if not line.startswith("#"):
-            _split, n, sha = line.split("\t")
-            if n == name:
-                return sha
-    return None
 
 
 def prepare(

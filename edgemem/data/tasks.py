@@ -108,6 +108,7 @@ class Builder:
         self._prose: str | None = None
         self._paragraphs: list[str] | None = None
         self._code: dict[str, list[dict]] | None = None
+        self._cands: list[dict] | None = None
 
     # --- tokens ---
 
@@ -366,7 +367,7 @@ class Builder:
         return text[: text.rfind("\n") + 1] if "\n" in text else text
 
     def _type_candidates(self) -> list[dict]:
-        if getattr(self, "_cands", None) is None:
+        if self._cands is None:
             out = []
             for source, rows in self.code().items():
                 stubs = corpora.load_stubs(self.root) if source == "stdlib" else None
