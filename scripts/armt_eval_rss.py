@@ -1,0 +1,31 @@
+#!/usr/bin/env python3
+"""RSS of the eval harness's armt method over one 16k niah item (prefix state cache held).
+
+    python scripts/armt_eval_rss.py
+    MALLOC_MMAP_THRESHOLD_=131072 python scripts/armt_eval_rss.py   # fixed glibc mmap threshold
+"""
+
+import resource
+
+import psutil
+
+from edgemem import methods
+from edgemem.armt import tokenize_stream
+from edgemem.data.tasks import Builder
+from edgemem.models import load_tokenizer
+
+process = psutil.Process()
+
+
+def mb() -> str:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return f"rss {process.memory_info().rss / 2**20:.0f} MB, peak {peak:.0f} MB"
+
+
+item = Builder(load_tokenizer()).item("niah", 16384, 0, 1)
+print("item built:", mb())
+method = methods.build("armt", "smollm2-135m-instruct", "hf")
+print("model loaded:", mb())
+ids = [i for chunk in tokenize_stream([item.context], method.tokenizer) for i in chunk]
+method.cache.ingest(ids)
+print(f"16k ingested, {len(method.cache._states)} states cached:", mb())

@@ -1,0 +1,22 @@
+#!/usr/bin/env python3
+"""llama.cpp prompt processing speed on SmolLM2's Q4_1 GGUF: 1,024 random tokens, twice.
+
+    T=2 python scripts/llama_prompt_speed.py     # T = llama.cpp threads (default 2)
+"""
+
+import os
+import random
+import time
+
+from edgemem.methods import LlamaGenerator
+from edgemem.models import resolve_source
+
+_, gguf = resolve_source("smollm2-135m-instruct")
+generator = LlamaGenerator(gguf, 4096, threads=int(os.environ.get("T", "2")))
+random.seed(0)
+for _trial in range(2):
+    ids = [random.randrange(100, 40000) for _ in range(1024)]
+    generator.llm.reset()
+    start = time.perf_counter()
+    _out, computed = generator.generate(ids, 1, set())
+    print(f"threads {os.environ.get('T', '2')}: {computed / (time.perf_counter() - start):.0f} prompt tokens/s")
