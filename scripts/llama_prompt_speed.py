@@ -19,4 +19,5 @@ for _trial in range(2):
     generator.llm.reset()
     start = time.perf_counter()
     _out, computed = generator.generate(ids, 1, set())
-    print(f"threads {os.environ.get('T', '2')}: {computed / (time.perf_counter() - start):.0f} prompt tokens/s")
+    rate = computed / (time.perf_counter() - start)
+    print(f"threads {os.environ.get('T', '2')}: {rate:.0f} prompt tokens/s")
