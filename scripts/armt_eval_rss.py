@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """RSS of the eval harness's armt method over one 16k niah item (prefix state cache held).
 
-    python scripts/armt_eval_rss.py
-    MALLOC_MMAP_THRESHOLD_=131072 python scripts/armt_eval_rss.py   # fixed glibc mmap threshold
+python scripts/armt_eval_rss.py
+MALLOC_MMAP_THRESHOLD_=131072 python scripts/armt_eval_rss.py   # fixed glibc mmap threshold
 """
 
 import resource

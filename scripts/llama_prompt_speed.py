@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama.cpp prompt processing speed on SmolLM2's Q4_1 GGUF: 1,024 random tokens, twice.
 
-    T=2 python scripts/llama_prompt_speed.py     # T = llama.cpp threads (default 2)
+T=2 python scripts/llama_prompt_speed.py     # T = llama.cpp threads (default 2)
 """
 
 import os
