@@ -6,7 +6,9 @@ Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit
 from __future__ import annotations
 
 import datetime as dt
+import re
 import sys
+import time
 from typing import Annotated
 
 import typer
@@ -29,6 +31,46 @@ app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
 
 LOG_EVERY_S = 30.0  # progress line interval when stderr is not a terminal
+DEFAULT_MAX_SIZE = "4G"
+
+MaxSizeOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-size",
+        envvar="EDGEMEM_MAX_SIZE",
+        help="Largest document or folder to take in (bytes of text; k, M, G suffixes; 0 = no limit).",
+    ),
+]
+MaxTimeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--max-time",
+        envvar="EDGEMEM_MAX_TIME",
+        help="Stop an ingest after this long (s, m, h suffixes); its progress is kept for a resume.",
+    ),
+]
+_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_size(text: str) -> int | None:
+    """'4G' -> 4_000_000_000 bytes; '0' -> None (no limit)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", text.lower())
+    if match is None:
+        raise EdgememError(f"--max-size must be a size like 500M or 2G, not {text!r}")
+    size = int(float(match[1]) * _UNITS[match[2]])
+    return size or None
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'90', '90s', '30m', '2h' -> seconds; None or '0' -> None (no limit)."""
+    if text is None:
+        return None
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text.lower())
+    if match is None:
+        raise EdgememError(f"--max-time must be a duration like 90s, 30m or 2h, not {text!r}")
+    seconds = float(match[1]) * _SECONDS[match[2]]
+    return seconds or None
 
 
 def _mb(n: float) -> str:
@@ -67,11 +109,11 @@ def _open(model: str, adapter: str | None, segment_len: int | None):
     return assistant
 
 
-def _scan(path: str):
+def _scan(path: str, max_size: str = DEFAULT_MAX_SIZE):
     """Look at the path before loading any model, so that a bad path fails at once."""
     from edgemem.documents import scan
 
-    source = scan(path)
+    source = scan(path, max_bytes=parse_size(max_size))
     for name in source.invalid_utf8[:5]:
         err.print(f"warning: {name} is not valid UTF-8; decoded with replacement characters", markup=False)
     if len(source.invalid_utf8) > 5:
@@ -79,12 +121,18 @@ def _scan(path: str):
     if source.skipped_binary:
         err.print(f"skipped {source.skipped_binary} binary file(s)")
     if source.skipped_unreadable:
-        err.print(f"skipped {source.skipped_unreadable} unreadable file(s)")
+        err.print(f"skipped {source.skipped_unreadable} unreadable file(s) or folder(s)")
+    if source.skipped_special:
+        err.print(f"skipped {source.skipped_special} special file(s) (pipes, sockets, devices)")
     return source
 
 
-def _ingest(assistant, source, force: bool = False):
+def _ingest(assistant, source, force: bool = False, max_time: str | None = None):
+    from edgemem.armt import IngestCancelled
     from edgemem.store import Library
+
+    limit_s = parse_duration(max_time)
+    deadline = None if limit_s is None else time.monotonic() + limit_s
 
     estimate = max(1, source.total_bytes // 4)
     columns = (
@@ -119,8 +167,18 @@ def _ingest(assistant, source, force: bool = False):
 
         try:
             record, doc, reused = assistant.ingest_scan(
-                source, library, progress=report, force=force, notice=notice
+                source,
+                library,
+                progress=report,
+                force=force,
+                notice=notice,
+                should_stop=None if deadline is None else lambda: time.monotonic() >= deadline,
             )
+        except IngestCancelled as exc:
+            raise EdgememError(
+                f"ingest stopped at the --max-time limit ({max_time}) after {exc.tokens:,} tokens;"
+                " its progress is saved: run the same command again to resume"
+            ) from exc
         except KeyboardInterrupt:
             bar.stop()
             key = (source.content_hash, assistant.loaded.model_id, assistant.adapter_hash)
@@ -142,11 +200,14 @@ def ingest_cmd(
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Ingest again even if the library has it.")] = False,
+    max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
+    max_time: MaxTimeOpt = None,
 ) -> None:
     """Stream a document or folder through memory and store its state in the library."""
-    source = _scan(path)
+    parse_duration(max_time)  # a bad value fails before the model loads
+    source = _scan(path, max_size)
     assistant = _open(model, adapter, segment_len)
-    record, doc, reused = _ingest(assistant, source, force)
+    record, doc, reused = _ingest(assistant, source, force, max_time)
     verb = "already in the library" if reused else "ingested"
     err.print(
         f"{record.path}: {verb}: {doc.tokens:,} tokens, {doc.state.writes} segments written, "
@@ -169,13 +230,16 @@ def ask(
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
+    max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
+    max_time: MaxTimeOpt = None,
 ) -> None:
     """Answer a question about a document, streaming the answer."""
     if not question.strip():
         raise EdgememError("the question is empty")
-    source = _scan(path)
+    parse_duration(max_time)
+    source = _scan(path, max_size)
     assistant = _open(model, adapter, segment_len)
-    _record, doc, _reused = _ingest(assistant, source)
+    _record, doc, _reused = _ingest(assistant, source, max_time=max_time)
     pieces = assistant.ask(
         doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
     )

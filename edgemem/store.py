@@ -5,6 +5,13 @@ safetensors file beside the database, written to a temporary file, fsynced and r
 never leaves a half-written state under a real name. Every load checks the file's sha256, its
 metadata (model, adapter) and its tensor shapes before the state is used.
 
+Several processes may share a library (an ingest in one terminal, an `ask` or the chat app in
+another). Every change takes SQLite's write lock first (`BEGIN IMMEDIATE`) and writes its state
+file inside it; each state file gets a name that is never used again, and a file is deleted only
+after the transaction that stopped referring to it has committed. So a reader never sees a row
+whose file is half-written, a writer never deletes a file another process refers to, and a file
+left by a process killed before its commit (an orphan) is recognised and swept by the next writer.
+
 Two more tables live in the same database: `checkpoints`, the state of an unfinished ingest (same
 key, same file format, replaced as the ingest goes on and dropped once the document is saved), and
 `chat_messages`, each document's conversation, keyed by the content hash so that it survives a
@@ -18,20 +25,29 @@ import errno
 import hashlib
 import json
 import os
+import re
+import secrets
 import sqlite3
+import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.torch import save
+from safetensors import SafetensorError
+from safetensors.torch import load, save
 
 from edgemem.armt import IngestResult, MemoryState
 from edgemem.errors import EdgememError
 from edgemem.paths import data_dir
 
 STATE_FORMAT = "edgemem-state/1"
+# What a state file may be called: `<key>[.partial-<segments>][.<token>].safetensors`. A name read
+# from the database is checked against it before any file is opened or deleted, so a forged row
+# can never point outside the states folder.
+STATE_FILE_RE = re.compile(r"[0-9a-f]{24}(\.partial-\d{1,12})?(\.[0-9a-f]{8})?\.safetensors")
+STATE_SLACK_BYTES = 16 << 20  # a state file may exceed its tensors by this much (header, tail ids)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (
@@ -115,6 +131,11 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _text(path: str) -> str:
+    """A path as storable text: undecodable bytes in a file name become U+FFFD."""
+    return os.fsencode(path).decode("utf-8", "replace")
+
+
 class Library:
     """The SQLite library under the edgemem data directory (or `root`)."""
 
@@ -122,6 +143,7 @@ class Library:
         self.root = Path(root) if root else data_dir()
         self.states = self.root / "states"
         self.states.mkdir(parents=True, exist_ok=True)
+        self._lock_depth = 0
         try:
             self.db = sqlite3.connect(self.root / "library.sqlite3", timeout=30)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -140,6 +162,50 @@ class Library:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[list[str]]:
+        """A write transaction holding SQLite's write lock (other writers wait, readers go on).
+
+        Yields a list to which the body adds state files it stopped referring to: they are
+        deleted after the commit, with any orphan a killed process left. Re-entrant.
+        """
+        if self._lock_depth:
+            self._lock_depth += 1
+            try:
+                yield self._unlink_after
+            finally:
+                self._lock_depth -= 1
+            return
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            raise EdgememError(f"the library is busy (another edgemem process holds it): {exc}") from exc
+        self._lock_depth, self._unlink_after = 1, []
+        try:
+            yield self._unlink_after
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
+        finally:
+            self._lock_depth = 0
+        for name in self._unlink_after:
+            with contextlib.suppress(OSError):
+                (self.states / name).unlink()
+
+    def _referenced(self) -> set[str]:
+        rows = self.db.execute("SELECT state_file FROM documents UNION SELECT state_file FROM checkpoints")
+        return {row[0] for row in rows}
+
+    def _sweep(self, unlink: list[str]) -> None:
+        """Inside the lock: files no row refers to can only be left by a killed process."""
+        referenced = self._referenced()
+        for file in self.states.iterdir():
+            if file.name not in referenced and (
+                STATE_FILE_RE.fullmatch(file.name) or file.name.endswith(".tmp")
+            ):
+                unlink.append(file.name)
 
     # ----- records -----
 
@@ -164,10 +230,10 @@ class Library:
     def remove(self, record_id: int, keep_history: str | None = None) -> Record:
         """Delete an entry and its state file. Its conversation goes with the last entry of its
         content, unless `keep_history` names the content hash it moves to (a changed file)."""
-        record = self.get(record_id)
-        if record is None:
-            raise EdgememError(f"no library entry with id {record_id}")
-        with self.db:
+        with self._locked() as unlink:
+            record = self.get(record_id)
+            if record is None:
+                raise EdgememError(f"no library entry with id {record_id}")
             self.db.execute("DELETE FROM documents WHERE id = ?", (record_id,))
             if keep_history is None:
                 self.db.execute(
@@ -180,8 +246,8 @@ class Library:
                     "UPDATE chat_messages SET content_hash = ? WHERE content_hash = ?",
                     (keep_history, record.content_hash),
                 )
-        with contextlib.suppress(FileNotFoundError):
-            (self.states / record.state_file).unlink()
+            if STATE_FILE_RE.fullmatch(record.state_file):
+                unlink.append(record.state_file)
         return record
 
     # ----- states -----
@@ -191,6 +257,7 @@ class Library:
     ) -> Record:
         """Store a document's state. Older entries for the same path, model and adapter (a changed
         file) are replaced once the new one is safely on disk."""
+        path = _text(path)
         tensors = {k: v.detach().cpu().contiguous() for k, v in doc.state.named_tensors().items()}
         tensors["tail_ids"] = torch.tensor(doc.tail_ids, dtype=torch.long)
         meta = {
@@ -202,16 +269,19 @@ class Library:
             "tokens": str(doc.tokens),
         }
         data = save(tensors, metadata=meta)
-        name = f"{_file_key(content_hash, model_id, adapter_hash)}.safetensors"
-        self._write_atomic(name, data, path)
-        stale = [
-            r
-            for r in self._rows(
-                "WHERE path = ? AND model_id = ? AND adapter_hash = ?", (path, model_id, adapter_hash)
-            )
-            if r.content_hash != content_hash
-        ]
-        with self.db:
+        name = f"{_file_key(content_hash, model_id, adapter_hash)}.{secrets.token_hex(4)}.safetensors"
+        with self._locked() as unlink:
+            self._write_atomic(name, data, path)
+            stale = [
+                r
+                for r in self._rows(
+                    "WHERE path = ? AND model_id = ? AND adapter_hash = ?", (path, model_id, adapter_hash)
+                )
+                if r.content_hash != content_hash
+            ]
+            replaced = self.find(content_hash, model_id, adapter_hash)
+            if replaced is not None:
+                unlink.append(replaced.state_file)
             self.db.execute(
                 "INSERT OR REPLACE INTO documents (path, content_hash, model_id, adapter_hash, tokens,"
                 " segments, state_file, state_sha256, state_bytes, created_at)"
@@ -229,16 +299,17 @@ class Library:
                     time.time(),
                 ),
             )
-        for record in stale:
-            self.remove(record.id, keep_history=content_hash)
-        self.drop_checkpoint(content_hash, model_id, adapter_hash)
-        self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
-        record = self.find(content_hash, model_id, adapter_hash)
+            for record in stale:
+                self.remove(record.id, keep_history=content_hash)
+            self.drop_checkpoint(content_hash, model_id, adapter_hash)
+            self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
+            self._sweep(unlink)
+            record = self.find(content_hash, model_id, adapter_hash)
         assert record is not None
         return record
 
     def _write_atomic(self, name: str, data: bytes, path: str) -> None:
-        """Write a state file under `name`: temporary file, fsync, rename."""
+        """Write a state file under `name`: temporary file, fsync, rename (inside the write lock)."""
         final = self.states / name
         tmp = self.states / f".{name}.{os.getpid()}.tmp"
         try:
@@ -271,6 +342,7 @@ class Library:
         Each checkpoint gets a new file; the row moves to it in one transaction and the old file
         is deleted after, so a crash at any point leaves the previous checkpoint or the new one.
         """
+        path = _text(path)
         doc = IngestResult(state, [], tokens)
         tensors = {k: v.detach().cpu().contiguous() for k, v in state.named_tensors().items()}
         tensors["tail_ids"] = torch.zeros(0, dtype=torch.long)
@@ -285,9 +357,12 @@ class Library:
         }
         data = save(tensors, metadata=meta)
         key = _file_key(content_hash, model_id, adapter_hash)
-        name = f"{key}.partial-{state.writes}.safetensors"
-        self._write_atomic(name, data, path)
-        with self.db:
+        name = f"{key}.partial-{state.writes}.{secrets.token_hex(4)}.safetensors"
+        with self._locked() as unlink:
+            self._write_atomic(name, data, path)
+            previous = self.find_checkpoint(content_hash, model_id, adapter_hash)
+            if previous is not None:
+                unlink.append(previous.state_file)
             self.db.execute(
                 "INSERT OR REPLACE INTO checkpoints (content_hash, model_id, adapter_hash, path, tokens,"
                 " segments, state_file, state_sha256, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -303,12 +378,9 @@ class Library:
                     time.time(),
                 ),
             )
-        for stray in self.states.glob(f"{key}.partial-*.safetensors"):  # the old one, and any a crash left
-            if stray.name != name:
-                with contextlib.suppress(FileNotFoundError):
-                    stray.unlink()
-        self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
-        checkpoint = self.find_checkpoint(content_hash, model_id, adapter_hash)
+            self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
+            self._sweep(unlink)  # the files a killed process left
+            checkpoint = self.find_checkpoint(content_hash, model_id, adapter_hash)
         assert checkpoint is not None
         return checkpoint
 
@@ -336,16 +408,16 @@ class Library:
         return result.state
 
     def drop_checkpoint(self, content_hash: str, model_id: str, adapter_hash: str) -> None:
-        checkpoint = self.find_checkpoint(content_hash, model_id, adapter_hash)
-        if checkpoint is None:
-            return
-        with self.db:
+        with self._locked() as unlink:
+            checkpoint = self.find_checkpoint(content_hash, model_id, adapter_hash)
+            if checkpoint is None:
+                return
             self.db.execute(
                 "DELETE FROM checkpoints WHERE content_hash = ? AND model_id = ? AND adapter_hash = ?",
                 (content_hash, model_id, adapter_hash),
             )
-        with contextlib.suppress(FileNotFoundError):
-            (self.states / checkpoint.state_file).unlink()
+            if STATE_FILE_RE.fullmatch(checkpoint.state_file):
+                unlink.append(checkpoint.state_file)
 
     def _drop_stale_checkpoints(self, path: str, content_hash: str, model_id: str, adapter_hash: str) -> None:
         """A changed file's unfinished ingest of its old content can never be resumed: drop it."""
@@ -388,20 +460,83 @@ class Library:
         owner: Record | Checkpoint,
         expected_shapes: dict[str, tuple[int, ...]],
     ) -> IngestResult:
+        if not STATE_FILE_RE.fullmatch(state_file):
+            raise EdgememError(f"{problem} has an invalid file name in the library database")
         file = self.states / state_file
+        limit = 4 * sum(_numel(shape) for shape in expected_shapes.values()) + STATE_SLACK_BYTES
         try:
-            data = file.read_bytes()
+            with open(file, "rb") as handle:
+                data = handle.read(limit + 1)
         except FileNotFoundError as exc:
             raise EdgememError(f"{problem} is missing; remove the entry and ingest again") from exc
+        except OSError as exc:
+            raise EdgememError(f"{problem} cannot be read ({exc.strerror})") from exc
+        if len(data) > limit:
+            raise EdgememError(f"{problem} is far larger than a state of this model; ingest again")
         if _sha256(data) != sha256:
             raise EdgememError(f"{problem} is corrupt (checksum mismatch); remove the entry and ingest again")
+        # Parsed from the bytes that were checked (never by opening the file a second time).
         try:
-            with safe_open(str(file), framework="pt") as handle:
-                meta = handle.metadata() or {}
-                tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise EdgememError(f"{problem} is unreadable: {exc}") from exc
+            meta = _safetensors_metadata(data)
+            tensors = load(data)
+        except (SafetensorError, ValueError, struct.error, UnicodeDecodeError) as exc:
+            raise EdgememError(f"{problem} is unreadable: {str(exc)[:120]}") from exc
         return _verify_state(problem, meta, tensors, owner, expected_shapes)
+
+    # ----- checking the whole library -----
+
+    def verify(self, expected_shapes: dict[str, tuple[int, ...]] | None = None) -> list[str]:
+        """Every problem in the library, as lines (empty: consistent). Reads only.
+
+        SQLite's integrity check; every entry's and checkpoint's state file present, named as
+        the store names them, with the recorded sha256 (and, given `expected_shapes`, loading as a
+        valid state); state files no row refers to (what a killed process can leave; the next
+        write sweeps them) are not problems.
+        """
+        problems = [
+            f"sqlite: {row[0]}" for row in self.db.execute("PRAGMA integrity_check") if row[0] != "ok"
+        ]
+        owners: list[Record | Checkpoint] = [*self.records(), *self.checkpoints()]
+        for owner in owners:
+            what = f"{type(owner).__name__.lower()} {owner.path} ({owner.state_file})"
+            try:
+                if expected_shapes is not None:
+                    result = self._read_state(
+                        owner.state_file, owner.state_sha256, what, owner, expected_shapes
+                    )
+                    if result.tokens != owner.tokens or result.state.writes != owner.segments:
+                        problems.append(f"{what}: metadata does not match its row")
+                elif not STATE_FILE_RE.fullmatch(owner.state_file):
+                    problems.append(f"{what}: invalid file name")
+                elif _sha256((self.states / owner.state_file).read_bytes()) != owner.state_sha256:
+                    problems.append(f"{what}: checksum mismatch")
+            except (EdgememError, OSError) as exc:
+                problems.append(f"{what}: {exc}")
+        return problems
+
+    def orphans(self) -> list[str]:
+        """State and temporary files no row refers to (left by a killed process)."""
+        referenced = self._referenced()
+        return sorted(f.name for f in self.states.iterdir() if f.name not in referenced)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors file held in memory (ValueError if malformed)."""
+    (size,) = struct.unpack("<Q", data[:8])
+    if size > len(data) - 8:
+        raise ValueError("header longer than the file")
+    header = json.loads(data[8 : 8 + size])
+    meta = header.get("__metadata__", {}) if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise ValueError("invalid metadata")
+    return meta
 
 
 def _file_key(content_hash: str, model_id: str, adapter_hash: str) -> str:
@@ -431,5 +566,7 @@ def _verify_state(
         writes, tokens = int(meta["writes"]), int(meta["tokens"])
     except (KeyError, ValueError) as exc:
         raise EdgememError(f"{problem} has invalid metadata") from exc
+    if writes < 0 or tokens < 0 or tokens < len(tail):
+        raise EdgememError(f"{problem} has invalid metadata")
     state = MemoryState.from_named_tensors({k: v for k, v in tensors.items() if k != "tail_ids"}, writes)
     return IngestResult(state, tail.tolist(), tokens)
