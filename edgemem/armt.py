@@ -202,6 +202,11 @@ class ARMT(nn.Module):
     def state_shapes(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in self.empty_state(batch).named_tensors().items()}
 
+    @property
+    def device(self) -> torch.device:
+        """Where the segment ids go (the device of the memory parameters)."""
+        return self.write_embeddings.device
+
     # ----- the segment step -----
 
     def _embed(self, input_ids: Tensor, write: bool) -> Tensor:
@@ -417,7 +422,8 @@ def ingest(
 ) -> IngestResult:
     """Stream token chunks of any sizes through memory, one segment of S tokens at a time.
 
-    The last 1..S tokens are kept as the tail (see `IngestResult`).
+    `armt` is the model, or any engine with the same `config`, `device`, `empty_state` and `step`
+    (the backends of `edgemem.runtime`). The last 1..S tokens are kept as the tail (see `IngestResult`).
 
     Resuming: `state` is a checkpoint's state and `start_tokens` the number of ids it already
     holds (its writes times S); that many ids are skipped from the start of the same stream, and
@@ -432,7 +438,7 @@ def ingest(
             raise EdgememError(f"a resumed ingest needs a state with {start_tokens} / {S} writes")
         token_chunks = _skip_tokens(token_chunks, start_tokens)
     state = state or armt.empty_state()
-    device = armt.write_embeddings.device
+    device = armt.device
     process = psutil.Process()
     tail: list[int] = []
     start = last_saved_at = time.perf_counter()
@@ -544,12 +550,18 @@ def answer(
     seed: int | None = None,
 ) -> Iterator[str]:
     """Stream the answer to `question` about an ingested document, as pieces of text."""
+    prompt = prompt_ids(tokenizer, doc.tail_ids, question)
+    tokens = generate_ids(
+        armt, doc.state, prompt, stop_token_ids(tokenizer), max_new_tokens, temperature, top_p, seed
+    )
+    return stream_text(tokenizer, tokens)
+
+
+def stream_text(tokenizer: object, tokens: Iterable[int]) -> Iterator[str]:
+    """Generated token ids -> the new pieces of text, never cutting a UTF-8 sequence."""
     ids: list[int] = []
     shown = ""
-    prompt = prompt_ids(tokenizer, doc.tail_ids, question)
-    for token in generate_ids(
-        armt, doc.state, prompt, stop_token_ids(tokenizer), max_new_tokens, temperature, top_p, seed
-    ):
+    for token in tokens:
         ids.append(token)
         text = tokenizer.decode(ids, skip_special_tokens=True)  # type: ignore[attr-defined]
         if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the next token
