@@ -39,18 +39,23 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file next to `path`, which is fsynced and renamed over `path`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        write(tmp)
+        with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def save_checkpoint(
@@ -70,16 +75,7 @@ def save_checkpoint(
             tensors[f"optim.{index}.{key}"] = torch.as_tensor(value).detach().clone().contiguous()
     tensors.update({f"rng.{k}": v.contiguous() for k, v in rng.items()})
     metadata = {**meta, "step": str(step), "param_groups": json.dumps(sd["param_groups"])}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
 def load_checkpoint(
@@ -257,12 +253,13 @@ def train(
     opt = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95)
     )
-    step = 0
+    step, before = 0, 0.0  # seconds trained by earlier calls
     ckpt = workdir / "ckpt.safetensors" if workdir else None
     if ckpt is not None and ckpt.is_file():
-        step, rng, _ = load_checkpoint(ckpt, model, opt)
+        step, rng, meta = load_checkpoint(ckpt, model, opt)
         gen.set_state(rng["data"])
         torch.set_rng_state(rng["torch"])
+        before = float(meta.get("elapsed_s", 0.0))
     records: list[dict] = []
     started = time.perf_counter()
 
@@ -271,6 +268,7 @@ def train(
             return
         rng = {"data": gen.get_state(), "torch": torch.get_rng_state()}
         meta = {"swax_config": model.config.to_json(), "train_config": config.to_json()}
+        meta["elapsed_s"] = f"{before + time.perf_counter() - started:.2f}"
         save_checkpoint(ckpt, model, opt, step, rng, meta)
 
     model.train()
@@ -295,7 +293,7 @@ def train(
                 "grad_norm": float(norm),
                 **stats,
             }
-            rec["elapsed_s"] = round(time.perf_counter() - started, 2)
+            rec["elapsed_s"] = round(before + time.perf_counter() - started, 2)  # training time, all calls
             records.append(rec)
             if workdir is not None:
                 append_jsonl(workdir / "log.jsonl", rec)
