@@ -23,7 +23,7 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> None:
             cfg = TrainConfig(**{**asdict(TRAIN), "steps": steps, "seed": seed})
             sched = schedule_of(name, steps)
             workdir = args.workdir / f"{name}-s{seed}-{steps}"
-            model = new_model(MODEL, seed)
+            model = new_model(replace(MODEL, window=sched.final_window), seed)  # the window it ends with
             t0 = time.perf_counter()
             records = train(
                 model, train_stream, sched, cfg, workdir, log=lambda r, n=name, s=seed: _show(n, s, r)
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> None:
                 train_s=records[-1]["elapsed_s"] if records else round(train_s, 1),
                 eval_s=round(time.perf_counter() - t1, 1),
                 params=model.num_parameters(),
-                model=json.loads(MODEL.to_json()),
+                model=json.loads(model.config.to_json()),
                 train=json.loads(cfg.to_json()),
                 checkpoint=str(ckpt),
                 machine=f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 1 thread",
