@@ -238,6 +238,10 @@ def ask(
         raise EdgememError("the question is empty")
     parse_duration(max_time)
     source = _scan(path, max_size)
+    from edgemem.cli_swax import is_swax_checkpoint, swax_ask  # a SWAX checkpoint as --model
+
+    if model is not None and is_swax_checkpoint(model):
+        return swax_ask(source, question, model, max_new_tokens, temperature, seed)
     assistant = _open(model, adapter, segment_len)
     _record, doc, _reused = _ingest(assistant, source, max_time=max_time)
     pieces = assistant.ask(
