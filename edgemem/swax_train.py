@@ -316,16 +316,18 @@ def step_rng(seed: int, step: int) -> random.Random:
 
 
 @torch.no_grad()
-def answer_correct(model: SwaxModel, seqs: list[bytes], answer_at: list[int], window: int) -> list[bool]:
-    """Whether greedy decoding after each query gives the whole answer: with teacher forcing, the
-    argmax at every answer position is the gold byte (the same as greedy, all digits or none).
-    Sequences of one call must have equal lengths."""
+def answer_scores(
+    model: SwaxModel, seqs: list[bytes], answer_at: list[int], window: int
+) -> list[tuple[bool, float]]:
+    """Per sequence: (whole answer right, share of answer bytes right). With teacher forcing the
+    argmax at every answer position is checked against the gold byte: all right is exactly greedy
+    decoding getting the whole answer. Sequences of one call must have equal lengths."""
     ids = torch.tensor([list(s) for s in seqs], dtype=torch.long)
-    logits = model(ids[:, :-1], window)
-    pred = logits.argmax(-1)
+    pred = model(ids[:, :-1], window).argmax(-1)
     out = []
     for row, at in enumerate(answer_at):
-        out.append(bool((pred[row, at - 1 :] == ids[row, at:]).all()))
+        hits = pred[row, at - 1 :] == ids[row, at:]
+        out.append((bool(hits.all()), float(hits.float().mean())))
     return out
 
 

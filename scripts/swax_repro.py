@@ -35,7 +35,7 @@ from edgemem.swax import SwaxConfig, WindowSchedule
 from edgemem.swax_train import (
     ByteStream,
     TrainConfig,
-    answer_correct,
+    answer_scores,
     append_jsonl,
     bits_per_byte,
     load_checkpoint,
@@ -101,16 +101,18 @@ def niah_items(stream: ByteStream, multiple: int, n: int) -> list[tuple[bytes, i
 
 
 def evaluate(model: torch.nn.Module, window: int, test: ByteStream, valid: ByteStream) -> dict:
-    out: dict = {"window_eval": window, "niah": {}, "niah_beyond_window": {}}
+    out: dict = {"window_eval": window, "niah": {}, "niah_digits": {}, "niah_beyond_window": {}}
     for mult in MULTIPLES:
         items = niah_items(test, mult, NIAH_ITEMS)
-        correct: list[bool] = []
+        scores: list[tuple[bool, float]] = []
         batch = max(1, 16 // mult)
         for a in range(0, len(items), batch):
             chunk = items[a : a + batch]
-            correct += answer_correct(model, [s for s, _, _ in chunk], [ans for _, _, ans in chunk], window)
+            scores += answer_scores(model, [s for s, _, _ in chunk], [ans for _, _, ans in chunk], window)
+        correct = [c for c, _ in scores]
         far = [c for c, (_, at, ans) in zip(correct, items, strict=True) if ans - at > window]
         out["niah"][str(mult * L)] = sum(correct) / len(correct)
+        out["niah_digits"][str(mult * L)] = sum(d for _, d in scores) / len(scores)
         out["niah_beyond_window"][str(mult * L)] = [sum(far), len(far)]
     gen = torch.Generator().manual_seed(7)
     out["bpb"] = bits_per_byte(model, [valid.window(L + 1, gen) for _ in range(PPL_SEQS)], window)
@@ -198,6 +200,10 @@ def report(args: argparse.Namespace) -> None:
     head = "| schedule | eval window | seeds | " + " | ".join(f"niah {n}" for n in lengths)
     head += " | bits/byte (val, 256) | train min / run |"
     lines = [head, "|" + "---|" * (len(lengths) + 5)]
+    digits = [
+        "| schedule | " + " | ".join(f"digits {n}" for n in lengths) + " |",
+        "|" + "---|" * (len(lengths) + 1),
+    ]
     for name in names:
         rs = [r for r in rows if r["schedule"] == name]
         cells = [_mean_sd([r["niah"][n] for r in rs], 100) for n in lengths]
@@ -207,6 +213,12 @@ def report(args: argparse.Namespace) -> None:
             + " | ".join(cells)
             + f" | {_mean_sd([r['bpb'] for r in rs], 1, 3)} | {train_min:.1f} |"
         )
+        digits.append(
+            f"| {name} | "
+            + " | ".join(_mean_sd([r["niah_digits"][n] for r in rs], 100) for n in lengths)
+            + " |"
+        )
+    lines += ["", "Share of answer digits right (teacher forcing; chance is about 10%):", "", *digits]
     r0 = rows[0]
     note = (
         f"niah: % of {NIAH_ITEMS} items per length with all 4 answer digits right (greedy), "
@@ -233,21 +245,23 @@ def _plot(rows: list[dict], names: list[str], lengths: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    fig, (ax, dx, bx) = plt.subplots(1, 3, figsize=(13, 3.8), gridspec_kw={"width_ratios": [2, 2, 1]})
     xs = [int(n) for n in lengths]
     for i, name in enumerate(names):
         rs = [r for r in rows if r["schedule"] == name]
-        ms = [statistics.mean(r["niah"][n] for r in rs) * 100 for n in lengths]
-        sds = [statistics.stdev([r["niah"][n] * 100 for r in rs]) if len(rs) > 1 else 0 for n in lengths]
-        ax.errorbar(xs, ms, yerr=sds, marker="o", capsize=3, label=name, color=f"C{i}")
+        for axis, key in ((ax, "niah"), (dx, "niah_digits")):
+            ms = [statistics.mean(r[key][n] for r in rs) * 100 for n in lengths]
+            sds = [statistics.stdev([r[key][n] * 100 for r in rs]) if len(rs) > 1 else 0 for n in lengths]
+            axis.errorbar(xs, ms, yerr=sds, marker="o", capsize=3, label=name, color=f"C{i}")
         b = [r["bpb"] for r in rs]
         bx.bar(i, statistics.mean(b), yerr=statistics.stdev(b) if len(b) > 1 else 0, capsize=3, color=f"C{i}")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.axvline(L, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("niah length (bytes; trained at 256)")
-    ax.set_ylabel("niah accuracy (%)")
-    ax.set_ylim(-3, 103)
+    for axis, label in ((ax, "niah: whole answer right (%)"), (dx, "niah: answer digits right (%)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.axvline(L, color="grey", lw=0.8, ls=":")
+        axis.set_xlabel("niah length (bytes; trained at 256)")
+        axis.set_ylabel(label)
+        axis.set_ylim(-3, 103)
     ax.legend(fontsize=8)
     bx.set_xticks(
         range(len(names)), [n.replace("stochastic-", "stoch ") for n in names], rotation=20, fontsize=8
