@@ -122,7 +122,7 @@ def evaluate(model: torch.nn.Module, window: int, test: ByteStream, valid: ByteS
 def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     steps = args.steps or TRAIN.steps
-    done = {(r["schedule"], r["seed"]) for r in read_jsonl(args.results) if r["steps"] == steps}
+    done = {(r["schedule"], r["seed"]) for r in _rows(args.results, steps, args.recurrent)}
     print("loading corpora ...", flush=True)
     train_stream = ByteStream(texts("train", 4_000_000))
     test_stream = ByteStream(texts("test", 2_000_000))
@@ -133,8 +133,12 @@ def run(args: argparse.Namespace) -> None:
                 continue
             cfg = TrainConfig(**{**asdict(TRAIN), "steps": steps, "seed": seed})
             sched = schedule_of(name, steps)
-            workdir = args.workdir / f"{name}-s{seed}-{steps}"
-            model = new_model(replace(MODEL, window=sched.final_window), seed)  # the window it ends with
+            suffix = "" if args.recurrent == "mlstm" else f"-{args.recurrent}"
+            workdir = args.workdir / f"{name}-s{seed}-{steps}{suffix}"
+            config = replace(
+                MODEL, window=sched.final_window, recurrent=args.recurrent
+            )  # the window it ends with
+            model = new_model(config, seed)
             t0 = time.perf_counter()
             records = train(
                 model, train_stream, sched, cfg, workdir, log=lambda r, n=name, s=seed: _show(n, s, r)
@@ -169,6 +173,15 @@ def run(args: argparse.Namespace) -> None:
         report(args)
 
 
+def _rows(results: Path, steps: int, recurrent: str) -> list[dict]:
+    """Finished runs of this step count and recurrent layer (rows without the field are mLSTM)."""
+    return [
+        r
+        for r in read_jsonl(results)
+        if r["steps"] == steps and r.get("model", {}).get("recurrent", "mlstm") == recurrent
+    ]
+
+
 def _rng(seed: int, step: int):
     from edgemem.swax_train import step_rng
 
@@ -192,7 +205,7 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
 
 
 def report(args: argparse.Namespace) -> None:
-    rows = [r for r in read_jsonl(args.results) if r["steps"] == (args.steps or TRAIN.steps)]
+    rows = _rows(args.results, args.steps or TRAIN.steps, args.recurrent)
     if not rows:
         sys.exit("no results yet: run `python scripts/swax_repro.py run` first")
     names = [n for n in SCHEDULES if any(r["schedule"] == n for r in rows)]
@@ -220,26 +233,32 @@ def report(args: argparse.Namespace) -> None:
         )
     lines += ["", "Share of answer digits right (teacher forcing; chance is about 10%):", "", *digits]
     r0 = rows[0]
+    kind = "mLSTM" if args.recurrent == "mlstm" else "Gated DeltaNet"
+    suffix = "" if args.recurrent == "mlstm" else f"-{args.recurrent}"
+    begin, end = (
+        BEGIN.replace("swax-table", f"swax{suffix}-table"),
+        END.replace("swax-table", f"swax{suffix}-table"),
+    )
     note = (
         f"niah: % of {NIAH_ITEMS} items per length with all 4 answer digits right (greedy), "
         "mean ± sd over seeds. "
         f"Model: {r0['params']:,} parameters, byte vocabulary, d={MODEL.d_model}, {MODEL.n_layers} layers "
-        f"(SWA/mLSTM 1:1), {r0['steps']} steps x {TRAIN.batch} x {L} bytes per run. "
+        f"(SWA/{kind} 1:1), {r0['steps']} steps x {TRAIN.batch} x {L} bytes per run. "
         f"{r0['machine']}; last result {max(r['date'] for r in rows)}. "
         "Regenerate: `python scripts/swax_repro.py run` (then `report`)."
     )
-    table = "\n".join([BEGIN, "", *lines, "", note, "", END])
+    table = "\n".join([begin, "", *lines, "", note, "", end])
     text = DOC.read_text()
-    if BEGIN in text:
-        text = text[: text.index(BEGIN)] + table + text[text.index(END) + len(END) :]
+    if begin in text:
+        text = text[: text.index(begin)] + table + text[text.index(end) + len(end) :]
     else:
         text = text.rstrip() + "\n\n" + table + "\n"
     DOC.write_text(text)
-    _plot(rows, names, lengths)
+    _plot(rows, names, lengths, PLOT.with_name(f"swax_repro{suffix}.png"))
     print("\n".join(lines))
 
 
-def _plot(rows: list[dict], names: list[str], lengths: list[str]) -> None:
+def _plot(rows: list[dict], names: list[str], lengths: list[str], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -271,7 +290,7 @@ def _plot(rows: list[dict], names: list[str], lengths: list[str]) -> None:
     bx.set_ylim(lo - 0.15, max(r["bpb"] for r in rows) + 0.1)
     fig.suptitle("SWAX at CPU scale: windows 16 / 128, L = 256, mean ± sd over seeds", fontsize=10)
     fig.tight_layout()
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
@@ -284,6 +303,7 @@ def main() -> None:
     parser.add_argument(
         "--steps", type=int, default=0, help=f"training steps per run (default {TRAIN.steps})"
     )
+    parser.add_argument("--recurrent", choices=["mlstm", "gdn"], default="mlstm", help="the recurrent layer")
     parser.add_argument("--workdir", type=Path, default=data_dir() / "swax-repro")
     parser.add_argument(
         "--results", type=Path, default=RESULTS, help="JSONL of finished runs (the report reads it)"
