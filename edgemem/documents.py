@@ -82,7 +82,7 @@ def open_regular(path: Path, follow_symlinks: bool = True) -> BinaryIO:
         if not stat.S_ISREG(mode):
             raise NotRegularFile(f"{display(path)} is not a regular file")
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb", buffering=0)  # blocks come straight from the file
     except BaseException:
         os.close(fd)
         raise
