@@ -10,12 +10,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 from edgemem.armt import (
     ARMT,
     ARMTConfig,
     IngestResult,
     Progress,
-    answer,
     ingest,
     read_adapter,
     tokenize_stream,
@@ -23,6 +24,7 @@ from edgemem.armt import (
 from edgemem.documents import Scan, iter_text
 from edgemem.errors import EdgememError
 from edgemem.models import DEFAULT_MODEL, LoadedModel, load_model
+from edgemem.runtime import OrtOptions, Runtime, TorchRuntime, answer, open_engine
 from edgemem.store import Library, Record
 
 SHIPPED_ADAPTERS = Path(__file__).parent / "adapters"
@@ -37,18 +39,33 @@ def shipped_adapter(model_name: str) -> Path | None:
 
 @dataclass
 class Assistant:
-    loaded: LoadedModel
-    armt: ARMT
+    """What a user talks to. `runtime` runs the model (PyTorch on `loaded` + `armt` by default, or
+    an ONNX engine bundle: then `loaded` and `armt` are None and no PyTorch model is loaded)."""
+
+    loaded: LoadedModel | None
+    armt: ARMT | None
     adapter_path: Path | None  # None: freshly initialised (untrained) memory
     adapter_hash: str
+    runtime: Runtime = None  # type: ignore[assignment]  # set in __post_init__ when not given
+
+    def __post_init__(self) -> None:
+        if self.runtime is None:
+            if self.loaded is None or self.armt is None:
+                raise EdgememError("an assistant needs a model or a runtime")
+            self.runtime = TorchRuntime(self.loaded, self.armt, self.adapter_hash)
 
     @classmethod
     def open(
-        cls, model: str = DEFAULT_MODEL, adapter: str | Path | None = None, segment_len: int | None = None
+        cls,
+        model: str = DEFAULT_MODEL,
+        adapter: str | Path | None = None,
+        segment_len: int | None = None,
+        dtype: torch.dtype | None = None,
     ) -> Assistant:
+        """The PyTorch assistant; `dtype` None picks bf16 where it is native, else float32."""
         adapter_path = Path(adapter).expanduser() if adapter else None
         adapter_file = read_adapter(adapter_path) if adapter_path else None  # fail before the slow load
-        loaded = load_model(model)
+        loaded = load_model(model, dtype)
         if adapter_file is None and (adapter_path := shipped_adapter(loaded.name)) is not None:
             adapter_file = read_adapter(adapter_path)
         if adapter_file is not None:
@@ -62,9 +79,27 @@ class Assistant:
             armt.load_adapter_tensors(tensors)
         return cls(loaded, armt, adapter_path, armt.adapter_hash())
 
+    @classmethod
+    def open_engine(
+        cls,
+        engine: str | Path,
+        model: str | None = None,
+        adapter: str | Path | None = None,
+        options: OrtOptions | None = None,
+    ) -> Assistant:
+        """An assistant on an ONNX engine bundle (`edgemem export`); `model` and `adapter`, when
+        given, must be the ones the bundle was exported from."""
+        runtime = open_engine(engine, model=model, adapter=adapter, options=options)
+        adapter_path = Path(adapter).expanduser() if adapter else None
+        return cls(None, None, adapter_path, runtime.adapter_hash, runtime)
+
+    @property
+    def name(self) -> str:
+        return self.runtime.name
+
     @property
     def trained(self) -> bool:
-        return self.armt.is_trained()
+        return self.runtime.trained
 
     def ingest_scan(
         self,
@@ -83,10 +118,11 @@ class Assistant:
         `should_stop`, interrupted, or killed) is resumed from its last checkpoint; `force` starts
         from the beginning. `notice` hears about resuming and about a damaged checkpoint.
         """
-        key = (source.content_hash, self.loaded.model_id, self.adapter_hash)
+        key = self.library_key(source.content_hash)
+        shapes = self.runtime.state_shapes()
         record = None if force else library.find(*key)
         if record is not None:
-            return record, library.load(record, self.armt.state_shapes()), True
+            return record, library.load(record, shapes), True
         path = str(source.root.resolve())
         state, start = None, 0
         checkpoint = library.find_checkpoint(*key)
@@ -95,7 +131,7 @@ class Assistant:
         elif checkpoint is not None:
             try:
                 state, start = (
-                    library.load_checkpoint(checkpoint, self.armt.state_shapes()),
+                    library.load_checkpoint(checkpoint, shapes),
                     checkpoint.tokens,
                 )
             except EdgememError as exc:
@@ -105,9 +141,9 @@ class Assistant:
             else:
                 if notice is not None:
                     notice(f"resuming the ingest of {path} from {start:,} tokens")
-        tokens = tokenize_stream(iter_text(source), self.loaded.tokenizer)
+        tokens = tokenize_stream(iter_text(source), self.runtime.tokenizer)
         doc = ingest(
-            self.armt,
+            self.runtime,
             tokens,
             state,
             progress,
@@ -119,5 +155,9 @@ class Assistant:
         record = library.save(path, *key, doc)
         return record, doc, False
 
+    def library_key(self, content_hash: str) -> tuple[str, str, str]:
+        """(content hash, model id, adapter hash): the key of a document's state in the library."""
+        return content_hash, self.runtime.model_id, self.adapter_hash
+
     def ask(self, doc: IngestResult, question: str, **generation) -> Iterator[str]:
-        return answer(self.armt, self.loaded.tokenizer, doc, question, **generation)
+        return answer(self.runtime, doc, question, **generation)

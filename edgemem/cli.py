@@ -17,6 +17,7 @@ from rich.table import Table
 
 from edgemem.cli_common import AdapterOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.cli_eval import data_app, eval_app
+from edgemem.cli_export import EngineOpt, OptionalModelOpt, bench_runtimes, export_cmd
 from edgemem.errors import EdgememError
 
 app = typer.Typer(
@@ -29,6 +30,8 @@ bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
+app.command("export")(export_cmd)
+bench_app.command("runtimes")(bench_runtimes)
 
 LOG_EVERY_S = 30.0  # progress line interval when stderr is not a terminal
 DEFAULT_MAX_SIZE = "4G"
@@ -95,16 +98,23 @@ def models() -> None:
     _out().print(table)
 
 
-def _open(model: str, adapter: str | None, segment_len: int | None):
+def _open(model: str | None, adapter: str | None, segment_len: int | None, engine: str | None = None):
     from edgemem.assistant import Assistant
+    from edgemem.models import DEFAULT_MODEL
 
-    with err.status(f"loading {model}..."):
-        assistant = Assistant.open(model, adapter, segment_len)
+    if engine is not None:
+        if segment_len is not None:
+            raise EdgememError("an engine's segment length is fixed: export it again with --segment-len")
+        with err.status(f"opening engine {engine}..."):
+            assistant = Assistant.open_engine(engine, model, adapter)
+    else:
+        with err.status(f"loading {model or DEFAULT_MODEL}..."):
+            assistant = Assistant.open(model or DEFAULT_MODEL, adapter, segment_len)
     if not assistant.trained:
         err.print(
-            f"note: the memory is untrained (no adapter for {assistant.loaded.name}): "
+            f"note: the memory is untrained (no adapter for {assistant.name}): "
             "answers only see the last "
-            f"{assistant.armt.config.segment_len} tokens of a document plus what an empty memory returns."
+            f"{assistant.runtime.config.segment_len} tokens of a document plus what an empty memory returns."
         )
     return assistant
 
@@ -181,7 +191,7 @@ def _ingest(assistant, source, force: bool = False, max_time: str | None = None)
             ) from exc
         except KeyboardInterrupt:
             bar.stop()
-            key = (source.content_hash, assistant.loaded.model_id, assistant.adapter_hash)
+            key = assistant.library_key(source.content_hash)
             saved = library.find_checkpoint(*key)
             if saved is not None:
                 err.print(
@@ -196,17 +206,18 @@ def _ingest(assistant, source, force: bool = False, max_time: str | None = None)
 @user_errors
 def ingest_cmd(
     path: Annotated[str, typer.Argument(help="A text file or a folder of text and code.")],
-    model: ModelOpt = "smollm2-135m-instruct",
+    model: OptionalModelOpt = None,
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Ingest again even if the library has it.")] = False,
     max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
     max_time: MaxTimeOpt = None,
+    engine: EngineOpt = None,
 ) -> None:
     """Stream a document or folder through memory and store its state in the library."""
     parse_duration(max_time)  # a bad value fails before the model loads
     source = _scan(path, max_size)
-    assistant = _open(model, adapter, segment_len)
+    assistant = _open(model, adapter, segment_len, engine)
     record, doc, reused = _ingest(assistant, source, force, max_time)
     verb = "already in the library" if reused else "ingested"
     err.print(
@@ -223,7 +234,7 @@ def ask(
         str, typer.Argument(help="The document or folder to ask about (ingested first if needed).")
     ],
     question: Annotated[str, typer.Argument(help="Your question.")],
-    model: ModelOpt = "smollm2-135m-instruct",
+    model: OptionalModelOpt = None,
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer, in tokens.")] = 256,
@@ -232,6 +243,7 @@ def ask(
     seed: Annotated[int | None, typer.Option(help="Random seed for sampling.")] = None,
     max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
     max_time: MaxTimeOpt = None,
+    engine: EngineOpt = None,
 ) -> None:
     """Answer a question about a document, streaming the answer."""
     if not question.strip():
@@ -242,7 +254,7 @@ def ask(
 
     if model is not None and is_swax_checkpoint(model):
         return swax_ask(source, question, model, max_new_tokens, temperature, seed)
-    assistant = _open(model, adapter, segment_len)
+    assistant = _open(model, adapter, segment_len, engine)
     _record, doc, _reused = _ingest(assistant, source, max_time=max_time)
     pieces = assistant.ask(
         doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed

@@ -1,12 +1,18 @@
 """Engine export (ONNX, TensorRT) of the segment recurrence, installed as `edgemem.export`.
 
+- `bundle`: the bundle folder and its manifest; imports neither torch nor onnxruntime.
+- `onnx`: the ONNX export (segment step and answer graphs), optional int8 quantisation.
+
 What an engine must reproduce is the segment-step contract of `edgemem.armt`; `state_spec`
 describes the state it carries so that a bundle manifest can be checked against a model.
 """
 
 from __future__ import annotations
 
-from edgemem.armt import ARMT
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edgemem.armt import ARMT
 
 
 def state_spec(armt: ARMT) -> dict[str, object]:

@@ -1,0 +1,406 @@
+"""Runtime backends behind one interface: PyTorch eager, and ONNX Runtime on an engine bundle.
+
+The interface (`Runtime`) is the segment-step contract of `edgemem.armt` plus what identifies a
+model to the library:
+
+    runtime.step(input_ids [1, S], state) -> (state', None)        # ingest: read, run, write
+    runtime.generate_ids(state, prompt, stop_ids, ...) -> ids       # answer: read only
+    runtime.config (segment_len, ...), runtime.device, runtime.empty_state(), runtime.state_shapes()
+    runtime.name, runtime.model_id, runtime.adapter_hash, runtime.tokenizer, runtime.trained
+
+`armt.ingest(runtime, ...)` drives any backend (checkpoints, resume and cancel included);
+`answer(runtime, doc, question)` streams text. States are `MemoryState` values for every backend,
+so a state ingested by one can be answered by another (the library key is the same for the torch
+model and its float32 engine; an int8 engine keys its states apart).
+
+`OrtEngine` is the engine itself: numpy in, numpy out, and it imports neither torch nor
+transformers (a bundle runs with onnxruntime and numpy alone). `OrtRuntime` adapts it to the
+interface above. Importing this module imports neither torch nor onnxruntime.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from edgemem.errors import EdgememError
+from edgemem.export.bundle import ANSWER_GRAPH, STEP_GRAPH, Manifest, check_fits, read_manifest, sha256_file
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
+    import torch
+
+    from edgemem.armt import ARMT, ARMTConfig, IngestResult, MemoryState
+    from edgemem.models import LoadedModel
+
+BACKENDS = ("torch", "onnxruntime")
+NumpyState = dict[str, np.ndarray]
+
+
+class Runtime(Protocol):
+    """What the ingest driver, the answer loop, the store and the CLI need from a backend."""
+
+    backend: str  # "torch", "onnxruntime"
+    name: str  # the model's display name
+    model_id: str  # part of every stored state's key
+    adapter_hash: str
+    tokenizer: Any
+    config: ARMTConfig
+    device: torch.device
+
+    @property
+    def trained(self) -> bool: ...
+
+    def empty_state(self) -> MemoryState: ...
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]: ...
+
+    def step(self, input_ids: torch.Tensor, state: MemoryState) -> tuple[MemoryState, None]: ...
+
+    def generate_ids(
+        self,
+        state: MemoryState,
+        prompt: list[int],
+        stop_ids: set[int],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 0.95,
+        seed: int | None = None,
+    ) -> Iterator[int]: ...
+
+
+def answer(runtime: Runtime, doc: IngestResult, question: str, **generation: Any) -> Iterator[str]:
+    """Stream the answer to `question` about an ingested document through any backend."""
+    from edgemem.armt import prompt_ids, stop_token_ids, stream_text
+
+    prompt = prompt_ids(runtime.tokenizer, doc.tail_ids, question)
+    ids = runtime.generate_ids(doc.state, prompt, stop_token_ids(runtime.tokenizer), **generation)
+    return stream_text(runtime.tokenizer, ids)
+
+
+# ----- PyTorch eager -----
+
+
+class TorchRuntime:
+    """The reference backend: `ARMT` in PyTorch eager mode (float32, or bf16 where it is native)."""
+
+    backend = "torch"
+
+    def __init__(self, loaded: LoadedModel, armt: ARMT, adapter_hash: str | None = None) -> None:
+        self.loaded = loaded
+        self.armt = armt
+        self.name = loaded.name
+        self.model_id = loaded.model_id
+        self.tokenizer = loaded.tokenizer
+        self.adapter_hash = adapter_hash or armt.adapter_hash()
+        self.config = armt.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.armt.device
+
+    @property
+    def trained(self) -> bool:
+        return self.armt.is_trained()
+
+    def empty_state(self) -> MemoryState:
+        return self.armt.empty_state()
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.armt.state_shapes()
+
+    def step(self, input_ids: torch.Tensor, state: MemoryState) -> tuple[MemoryState, None]:
+        new, _ = self.armt.step(input_ids, state)
+        return new, None
+
+    def generate_ids(
+        self, state: MemoryState, prompt: list[int], stop_ids: set[int], **gen: Any
+    ) -> Iterator[int]:
+        from edgemem.armt import generate_ids
+
+        return generate_ids(self.armt, state, prompt, stop_ids, **gen)
+
+
+# ----- ONNX Runtime -----
+
+
+def physical_cores() -> int:
+    """Cores this process may use, counting each physical core once."""
+    import psutil
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    physical = psutil.cpu_count(logical=False) or usable
+    return max(1, min(usable, physical))
+
+
+@dataclass(frozen=True)
+class OrtOptions:
+    """ONNX Runtime session settings, tuned for one document at a time on a CPU.
+
+    threads: intra-op threads (0: one per physical core; hyper-threads only add contention).
+    spinning: idle threads busy-wait for work. Off by default: on a shared or small machine
+    spinning threads steal the cores from everything else (the chat app's screen, torch).
+    optimization: the graph optimisation level ('none', 'basic', 'extended', 'all').
+    device: 'cpu', or 'cuda' (the CUDA provider first, when onnxruntime-gpu finds a GPU).
+    """
+
+    threads: int = 0
+    spinning: bool = False
+    optimization: str = "all"
+    device: str = "cpu"
+
+    def session_options(self) -> ort.SessionOptions:
+        import onnxruntime as ort
+
+        levels = {
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }
+        if self.optimization not in levels:
+            known = ", ".join(levels)
+            raise EdgememError(f"unknown optimization level {self.optimization!r}: use one of {known}")
+        so = ort.SessionOptions()
+        so.graph_optimization_level = levels[self.optimization]
+        so.intra_op_num_threads = self.threads or physical_cores()
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if self.spinning else "0")
+        return so
+
+    def providers(self) -> list[str]:
+        import onnxruntime as ort
+
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        if self.device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise EdgememError("device cuda needs onnxruntime-gpu (pip install 'edgemem[gpu]')")
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        raise EdgememError(f"unknown device {self.device!r}: use cpu or cuda")
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
+    """Greedy for temperature 0; otherwise nucleus sampling. logits [V] -> token id."""
+    if temperature <= 0:
+        return int(np.argmax(logits))
+    z = logits.astype(np.float64) / temperature
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    ranked = probs[order]
+    ranked = ranked * (np.cumsum(ranked) - ranked < top_p)
+    rng = rng or np.random.default_rng()
+    return int(order[rng.choice(len(ranked), p=ranked / ranked.sum())])
+
+
+class OrtEngine:
+    """An engine bundle on ONNX Runtime: numpy state in, numpy state out.
+
+    Sessions open on first use (an ingest never loads the answer graph). Each session's inputs and
+    outputs are checked against the manifest when it opens.
+    """
+
+    def __init__(self, root: str | Path, options: OrtOptions | None = None, *, verify: bool = False) -> None:
+        self.root = Path(root).expanduser()
+        self.manifest: Manifest = read_manifest(self.root, verify=verify)
+        self.options = options or OrtOptions()
+        self._sessions: dict[str, ort.InferenceSession] = {}
+
+    # ----- sessions -----
+
+    def session(self, graph: str) -> ort.InferenceSession:
+        if graph not in self._sessions:
+            import onnxruntime as ort
+
+            spec = self.manifest.graphs[graph]
+            path = self.root / spec.file
+            try:
+                session = ort.InferenceSession(
+                    str(path), sess_options=self.options.session_options(), providers=self.options.providers()
+                )
+            except (ort.capi.onnxruntime_pybind11_state.Fail, RuntimeError) as exc:  # type: ignore[attr-defined]
+                detail = str(exc).strip().splitlines()[0][:200]
+                raise EdgememError(f"engine {self.root}: cannot load {spec.file}: {detail}") from exc
+            self._check_io(graph, session)
+            self._sessions[graph] = session
+        return self._sessions[graph]
+
+    def _check_io(self, graph: str, session: ort.InferenceSession) -> None:
+        spec, m = self.manifest.graphs[graph], self.manifest
+        inputs = {i.name: i.shape for i in session.get_inputs()}
+        outputs = [o.name for o in session.get_outputs()]
+        if list(inputs) != spec.inputs or outputs != spec.outputs:
+            raise EdgememError(
+                f"engine {self.root}: {spec.file} does not match its manifest; export it again"
+            )
+        prefix = "state_in." if graph == STEP_GRAPH else "state."
+        bad = [n for n, shape in m.state_shapes.items() if inputs.get(prefix + n) != shape]
+        if graph == STEP_GRAPH and inputs["input_ids"] != [1, m.segment_len]:
+            bad.append("input_ids")
+        if bad:
+            raise EdgememError(
+                f"engine {self.root}: {spec.file} expects other shapes than its manifest ({bad[0]}); "
+                "export it again"
+            )
+
+    def close(self) -> None:
+        self._sessions.clear()
+
+    # ----- the contract -----
+
+    def empty_state(self) -> NumpyState:
+        return {name: np.zeros(shape, np.float32) for name, shape in self.manifest.state_shapes.items()}
+
+    def _state_feed(self, state: NumpyState, prefix: str) -> dict[str, np.ndarray]:
+        if state.keys() != self.manifest.state_shapes.keys():
+            raise EdgememError(f"engine {self.root}: the memory state has other tensors than the engine's")
+        return {prefix + name: np.ascontiguousarray(t, np.float32) for name, t in state.items()}
+
+    def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
+        """One segment: ids [S] or [1, S] (S = the bundle's segment length) -> the new state."""
+        session = self.session(STEP_GRAPH)
+        feed = self._state_feed(state, "state_in.")
+        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        outputs = session.run(None, feed)
+        return dict(zip(self.manifest.state_shapes, outputs, strict=True))
+
+    def empty_past(self) -> list[np.ndarray]:
+        kv = self.manifest.kv
+        return [np.zeros((1, kv["kv_heads"], 0, kv["head_dim"]), np.float32) for _ in range(2 * kv["layers"])]
+
+    def forward(
+        self, ids: Sequence[int] | np.ndarray, past: list[np.ndarray], state: NumpyState
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Read-only forward: ids [T] with the cache `past` (P tokens) -> (logits [V] of the last
+        position, the cache grown to P + T tokens)."""
+        session = self.session(ANSWER_GRAPH)
+        spec = self.manifest.graphs[ANSWER_GRAPH]
+        feed = self._state_feed(state, "state.")
+        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        feed.update(zip(spec.inputs[1 : 1 + len(past)], past, strict=True))
+        logits, *present = session.run(None, feed)
+        return logits[0], present
+
+    def generate_ids(
+        self,
+        state: NumpyState,
+        prompt: Sequence[int],
+        stop_ids: set[int],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 0.95,
+        seed: int | None = None,
+    ) -> Iterator[int]:
+        """Generated ids one at a time: the prompt runs as the last segment reading memory, then
+        each new token with the growing cache. Greedy for temperature 0."""
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        logits, past = self.forward(prompt, self.empty_past(), state)
+        for _ in range(max_new_tokens):
+            token = sample(logits, temperature, top_p, rng)
+            if token in stop_ids:
+                return
+            yield token
+            logits, past = self.forward([token], past, state)
+
+
+class OrtRuntime:
+    """`OrtEngine` behind the `Runtime` interface (MemoryState values, a transformers tokenizer).
+
+    numpy and torch share the state's memory on the way in and out: nothing is copied per segment
+    beyond what ONNX Runtime writes.
+    """
+
+    backend = "onnxruntime"
+
+    def __init__(self, engine: OrtEngine, tokenizer: Any) -> None:
+        from edgemem.armt import ARMTConfig
+
+        m = engine.manifest
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.name = m.model_name
+        self.model_id = m.engine_id
+        self.adapter_hash = m.adapter_hash
+        self.config = ARMTConfig(tuple(m.memory_layers), m.segment_len, m.num_write_tokens, m.d_mem, m.nu)
+        if m.quantization:
+            self.backend = f"onnxruntime-{m.quantization}"
+
+    @property
+    def device(self) -> torch.device:
+        import torch
+
+        return torch.device("cpu")
+
+    @property
+    def trained(self) -> bool:
+        return self.engine.manifest.trained
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {k: tuple(v) for k, v in self.engine.manifest.state_shapes.items()}
+
+    def _to_torch(self, state: NumpyState, writes: int) -> MemoryState:
+        import torch
+
+        from edgemem.armt import MemoryState
+
+        return MemoryState.from_named_tensors({k: torch.from_numpy(v) for k, v in state.items()}, writes)
+
+    @staticmethod
+    def _to_numpy(state: MemoryState) -> NumpyState:
+        return {k: v.detach().cpu().float().numpy() for k, v in state.named_tensors().items()}
+
+    def empty_state(self) -> MemoryState:
+        return self._to_torch(self.engine.empty_state(), 0)
+
+    def step(self, input_ids: torch.Tensor, state: MemoryState) -> tuple[MemoryState, None]:
+        new = self.engine.step(input_ids.cpu().numpy(), self._to_numpy(state))
+        return self._to_torch(new, state.writes + 1), None
+
+    def generate_ids(
+        self, state: MemoryState, prompt: list[int], stop_ids: set[int], **gen: Any
+    ) -> Iterator[int]:
+        return self.engine.generate_ids(self._to_numpy(state), prompt, stop_ids, **gen)
+
+
+def open_engine(
+    path: str | Path,
+    *,
+    model: str | None = None,
+    adapter: str | Path | None = None,
+    options: OrtOptions | None = None,
+) -> OrtRuntime:
+    """Open an engine bundle for the app. `model` and `adapter`, when given, must be what the bundle
+    was exported from; anything else is refused with a one-line message."""
+    engine = OrtEngine(path, options)
+    adapter_sha = None
+    if adapter is not None:
+        adapter_path = Path(adapter).expanduser()
+        if not adapter_path.is_file():
+            raise EdgememError(f"adapter {adapter_path} does not exist")
+        adapter_sha = sha256_file(adapter_path)
+    check_fits(engine.manifest, engine.root, model=model, adapter_file_sha256=adapter_sha)
+    return OrtRuntime(engine, load_tokenizer(engine))
+
+
+def load_tokenizer(engine: OrtEngine) -> Any:
+    """The bundle's tokenizer through transformers (chat template included), from its files only."""
+    import warnings
+
+    from transformers import AutoTokenizer
+
+    folder = engine.root / "tokenizer"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise EdgememError(f"engine {engine.root}: cannot read its tokenizer: {exc}") from exc

@@ -1,0 +1,183 @@
+"""The engine bundle on disk: its manifest, and the checks that a bundle is whole and fits.
+
+A bundle is a folder:
+
+    manifest.json          what is inside and what built it (`Manifest`)
+    segment_step.onnx      input_ids [1, S] + state -> state'          (ingest: read, run, write)
+    answer.onnx            input_ids [1, T] + past key/values [1, H, P, hd] + state
+                           -> logits [1, V] of the last position, present key/values [1, H, P+T, hd]
+                           (read only; P = 0 is the prefill of the question segment, T = 1 a decode step)
+    tokenizer/             the tokenizer files (tokenizer.json, its config, the chat template)
+
+This module imports neither torch nor onnxruntime: a bundle can be read and checked anywhere.
+Every path in a manifest is relative and must stay inside the bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edgemem.errors import EdgememError
+
+FORMAT = "edgemem-bundle/1"
+MANIFEST = "manifest.json"
+STEP_GRAPH = "segment_step"
+ANSWER_GRAPH = "answer"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """One ONNX graph of the bundle: its file and its input/output names in order."""
+
+    file: str
+    inputs: list[str]
+    outputs: list[str]
+    sha256: str = ""
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a runtime needs to know about a bundle without opening its graphs.
+
+    state_shapes: per state tensor ('layers.<i>.A' [1, K, D], 'layers.<i>.z' [1, K]), float32.
+    kv: the answer graph's cache layout, {'layers': L, 'kv_heads': H, 'head_dim': hd}.
+    """
+
+    model_name: str
+    model_id: str
+    architecture: str
+    adapter_hash: str
+    adapter_file_sha256: str | None
+    trained: bool
+    segment_len: int
+    num_write_tokens: int
+    memory_layers: list[int]
+    d_mem: int
+    nu: int
+    state_shapes: dict[str, list[int]]
+    kv: dict[str, int]
+    vocab_size: int
+    graphs: dict[str, GraphSpec]
+    tokenizer_files: list[str]
+    opset: int
+    quantization: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    format: str = FORMAT
+
+    @property
+    def engine_id(self) -> str:
+        """The model id under which this bundle's states are stored: fp32 engines share the torch
+        model's states (same id); a quantized engine's states are its own."""
+        return self.model_id if self.quantization is None else f"{self.model_id}+{self.quantization}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Manifest:
+        data = dict(data)
+        data["graphs"] = {name: GraphSpec(**spec) for name, spec in data["graphs"].items()}
+        return cls(**data)
+
+
+def inside(root: Path, relative: str) -> Path:
+    """`root / relative`, refusing absolute paths and anything that resolves outside `root`."""
+    if not relative or Path(relative).is_absolute() or "\\" in relative:
+        raise EdgememError(f"bundle {root}: manifest path {relative!r} is not a relative path")
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise EdgememError(f"bundle {root}: manifest path {relative!r} points outside the bundle")
+    return path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_manifest(root: str | Path, verify: bool = False) -> Manifest:
+    """Read and check a bundle's manifest: format, fields, paths inside the bundle, files present
+    with their recorded sizes (and sha256 when `verify`). Any problem is one EdgememError line."""
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise EdgememError(f"engine {root} does not exist (make one with `edgemem export`)")
+    path = root / MANIFEST
+    if not path.is_file():
+        raise EdgememError(f"{root} is not an edgemem engine bundle (no {MANIFEST})")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EdgememError(f"{path} is not readable JSON: {exc}") from exc
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        found = data.get("format") if isinstance(data, dict) else None
+        raise EdgememError(f"{path}: format {found!r} is not {FORMAT!r}; export the bundle again")
+    try:
+        manifest = Manifest.from_dict(data)
+    except (TypeError, KeyError, AttributeError) as exc:
+        raise EdgememError(f"{path}: invalid manifest ({exc}); export the bundle again") from exc
+    missing = {STEP_GRAPH, ANSWER_GRAPH} - set(manifest.graphs)
+    if missing:
+        raise EdgememError(f"{path}: no {sorted(missing)[0]} graph listed; export the bundle again")
+    for name, spec in manifest.graphs.items():
+        file = inside(root, spec.file)
+        if not file.is_file():
+            raise EdgememError(f"bundle {root}: graph {name} ({spec.file}) is missing")
+        if spec.size and file.stat().st_size != spec.size:
+            raise EdgememError(f"bundle {root}: {spec.file} has the wrong size (damaged); export it again")
+        if verify and spec.sha256 and sha256_file(file) != spec.sha256:
+            raise EdgememError(f"bundle {root}: {spec.file} does not match its sha256; export it again")
+    for relative in manifest.tokenizer_files:
+        if not inside(root, relative).is_file():
+            raise EdgememError(f"bundle {root}: tokenizer file {relative} is missing")
+    return manifest
+
+
+def check_fits(
+    manifest: Manifest,
+    root: Path,
+    *,
+    model: str | None = None,
+    adapter_file_sha256: str | None = None,
+    state_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> None:
+    """Refuse a bundle that was built for another model, adapter or state layout than asked for."""
+    if model is not None and model not in (manifest.model_name, manifest.model_id):
+        raise EdgememError(
+            f"engine {root} was exported from {manifest.model_name}, not {model}; "
+            f"export one for {model} or drop --model"
+        )
+    if adapter_file_sha256 is not None and adapter_file_sha256 != manifest.adapter_file_sha256:
+        built = "the untrained memory" if manifest.adapter_file_sha256 is None else "another adapter"
+        raise EdgememError(
+            f"engine {root} was exported with {built}, not this --adapter; export it again with this adapter"
+        )
+    if state_shapes is not None:
+        expected = {k: list(v) for k, v in state_shapes.items()}
+        if expected != manifest.state_shapes:
+            raise EdgememError(
+                f"engine {root} carries a memory state of another shape than this model's; export it again"
+            )
+
+
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    """Write manifest.json atomically (temporary file, fsync, rename)."""
+    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=root)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(manifest.to_json())
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, root / MANIFEST)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -1,0 +1,320 @@
+"""ONNX engine bundles: `edgemem export` on a tiny model, ONNX Runtime against PyTorch, the
+manifest checks, int8, and `edgemem ask --engine` end to end.
+
+One bundle is exported through the CLI per module (about a minute on 2 cores) from a tiny random
+Llama saved as a model folder, with a memory adapter that carries information (non-zero W_V), and
+every test here uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tiny import tiny_llama
+from tiny_assistant import tiny_assistant
+from typer.testing import CliRunner
+
+from edgemem.armt import ingest, save_adapter, tokenize_stream
+from edgemem.assistant import Assistant
+from edgemem.cli import app
+from edgemem.documents import iter_text, scan
+from edgemem.errors import EdgememError
+from edgemem.export.bundle import MANIFEST, check_fits, read_manifest
+from edgemem.export.quantize import quantize_bundle
+from edgemem.runtime import OrtEngine, OrtOptions, TorchRuntime, open_engine
+from edgemem.store import Library
+
+runner = CliRunner()
+SEGMENT = 16
+TEXT = "The access code for the Lisbon vault is 4417. " * 12 + "Ask the porter for the key.\n"
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args], catch_exceptions=False)
+
+
+def assert_one_line_error(result, text: str) -> None:
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and text in lines[0], result.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny model folder, its adapter file, and the bundle `edgemem export` makes of them."""
+    root = tmp_path_factory.mktemp("export")
+    reference = tiny_assistant(segment_len=SEGMENT)
+    folder = root / "tiny-llama"
+    tiny_llama(0).save_pretrained(folder)  # the same weights, without the memory wrappers
+    reference.loaded.tokenizer.save_pretrained(folder)
+    adapter = root / "adapter.safetensors"
+    save_adapter(reference.armt, adapter)
+    bundle = root / "bundle"
+    result = run("export", "--model", folder, "--adapter", adapter, "--out", bundle)
+    assert result.exit_code == 0, result.output
+    return {"root": root, "folder": folder, "adapter": adapter, "bundle": bundle}
+
+
+@pytest.fixture(scope="module")
+def torch_assistant(tiny):
+    return Assistant.open(str(tiny["folder"]), tiny["adapter"], dtype=torch.float32)
+
+
+def random_segments(count: int, seed: int = 3) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 96, (1, SEGMENT), generator=g) for _ in range(count)]
+
+
+def test_export_writes_a_complete_bundle(tiny):
+    manifest = read_manifest(tiny["bundle"], verify=True)  # sizes and sha256 of both graphs
+    assert manifest.opset == 18 and manifest.segment_len == SEGMENT and manifest.num_write_tokens == 3
+    assert manifest.trained and manifest.quantization is None
+    assert manifest.model_name == "tiny-llama" and manifest.adapter_file_sha256
+    assert set(manifest.state_shapes) == {"layers.2.A", "layers.2.z"}
+    assert manifest.state_shapes["layers.2.A"] == [1, 48, 32]
+    assert "tokenizer/tokenizer.json" in manifest.tokenizer_files
+    assert {"torch", "onnx", "onnxruntime", "transformers"} <= set(manifest.versions)
+    assert not [p for p in tiny["bundle"].parent.iterdir() if ".building-" in p.name]  # no leftovers
+
+
+def test_export_refuses_an_existing_folder_without_force(tiny):
+    result = run("export", "--model", tiny["folder"], "--adapter", tiny["adapter"], "--out", tiny["bundle"])
+    assert_one_line_error(result, "pass --force")
+
+
+def test_ort_state_after_8_segments_matches_torch(tiny, torch_assistant):
+    torch_rt, ort_rt = torch_assistant.runtime, open_engine(tiny["bundle"])
+    assert ort_rt.adapter_hash == torch_rt.adapter_hash and ort_rt.model_id == torch_rt.model_id
+    a, b = torch_rt.empty_state(), ort_rt.empty_state()
+    with torch.inference_mode():
+        for ids in random_segments(8):
+            a, _ = torch_rt.step(ids, a)
+            b, _ = ort_rt.step(ids, b)
+    assert b.writes == a.writes == 8
+    for name, tensor in a.named_tensors().items():
+        other = b.named_tensors()[name]
+        assert tensor.abs().max() > 0
+        torch.testing.assert_close(other, tensor, rtol=1e-4, atol=1e-6 * float(tensor.abs().max()))
+
+
+def test_ort_answer_logits_and_greedy_ids_match_torch(tiny, torch_assistant):
+    torch_rt = torch_assistant.runtime
+    engine = OrtEngine(tiny["bundle"])
+    state = torch_rt.empty_state()
+    with torch.inference_mode():
+        for ids in random_segments(4):
+            state, _ = torch_rt.step(ids, state)
+        prompt = list(range(5, 40))
+        reference = torch_assistant.armt.read_only_forward(torch.tensor([prompt]), state)[0].numpy()
+    numpy_state = {k: v.numpy() for k, v in state.named_tensors().items()}
+    logits, past = engine.forward(prompt, engine.empty_past(), numpy_state)
+    np.testing.assert_allclose(logits, reference, rtol=1e-4, atol=1e-4)
+    assert past[0].shape[2] == len(prompt)  # the prefill's cache
+    expected = list(torch_rt.generate_ids(state, prompt, set(), max_new_tokens=24))
+    assert list(engine.generate_ids(numpy_state, prompt, set(), max_new_tokens=24)) == expected
+
+
+def test_bundle_runs_in_a_process_without_torch(tiny, torch_assistant):
+    script = f"""
+import json, sys
+from edgemem.runtime import OrtEngine
+engine = OrtEngine({str(tiny["bundle"])!r})
+state = engine.empty_state()
+for seed in range(3):
+    state = engine.step([(seed * 7 + i) % 90 + 3 for i in range({SEGMENT})], state)
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file({str(tiny["bundle"] / "tokenizer" / "tokenizer.json")!r})
+prompt = tok.encode("Question: what is the code?").ids
+ids = list(engine.generate_ids(state, prompt, set(), max_new_tokens=8))
+assert "torch" not in sys.modules and "transformers" not in sys.modules, "torch was imported"
+print(json.dumps({{"ids": ids, "prompt": prompt}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    rt = torch_assistant.runtime
+    state = rt.empty_state()
+    with torch.inference_mode():
+        for seed in range(3):
+            ids = torch.tensor([[(seed * 7 + i) % 90 + 3 for i in range(SEGMENT)]])
+            state, _ = rt.step(ids, state)
+    assert out["prompt"] == torch_assistant.loaded.tokenizer("Question: what is the code?").input_ids
+    assert out["ids"] == list(rt.generate_ids(state, out["prompt"], set(), max_new_tokens=8))
+
+
+def test_ask_engine_end_to_end_gives_the_torch_answer(tiny, torch_assistant, tmp_path):
+    doc = tmp_path / "vault.txt"
+    doc.write_text(TEXT + "(engine copy)\n")
+    question = "What is the code?"
+    on_engine = run("ask", doc, question, "--engine", tiny["bundle"], "--max-new-tokens", "12")
+    assert on_engine.exit_code == 0, on_engine.output
+    tokens = tokenize_stream(iter_text(scan(doc)), torch_assistant.loaded.tokenizer)
+    reference = ingest(torch_assistant.armt, tokens)  # PyTorch, outside the library
+    expected = "".join(torch_assistant.ask(reference, question, max_new_tokens=12))
+    assert expected.strip() and on_engine.stdout.strip() == expected.strip()
+
+
+def test_states_are_shared_between_torch_and_the_fp32_engine(tiny, torch_assistant, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT * 2)
+    with Library(tmp_path / "lib") as library:
+        record, ingested, reused = torch_assistant.ingest_scan(scan(doc), library)
+        assert not reused
+        on_engine = Assistant.open_engine(tiny["bundle"])
+        record2, loaded, reused = on_engine.ingest_scan(scan(doc), library)
+        assert reused and record2.id == record.id
+        question = "What is the code?"
+        expected = "".join(torch_assistant.ask(ingested, question, max_new_tokens=10))
+        assert "".join(on_engine.ask(loaded, question, max_new_tokens=10)) == expected
+
+
+def test_ort_ingest_resumes_to_the_uninterrupted_state(tiny):
+    rt = open_engine(tiny["bundle"])
+    chunks = [list(range(3, 90))] * 2
+    full = ingest(rt, chunks)
+    first = ingest(rt, [chunks[0][: 3 * SEGMENT + 1]])  # 3 whole segments, then a checkpoint
+    resumed = ingest(rt, chunks, first.state, start_tokens=3 * SEGMENT)
+    assert resumed.tail_ids == full.tail_ids
+    for name, tensor in full.state.named_tensors().items():
+        assert torch.equal(resumed.state.named_tensors()[name], tensor)
+
+
+def test_engine_refuses_another_model_or_adapter(tiny, tmp_path):
+    with pytest.raises(EdgememError, match="exported from tiny-llama, not smollm2"):
+        open_engine(tiny["bundle"], model="smollm2-135m-instruct")
+    other = tiny_assistant(segment_len=SEGMENT, seed=5)
+    save_adapter(other.armt, tmp_path / "other.safetensors")
+    with pytest.raises(EdgememError, match="another adapter"):
+        open_engine(tiny["bundle"], adapter=tmp_path / "other.safetensors")
+    doc = tmp_path / "d.txt"
+    doc.write_text(TEXT)
+    result = run("ask", doc, "q?", "--engine", tiny["bundle"], "--adapter", tmp_path / "other.safetensors")
+    assert_one_line_error(result, "export it again with this adapter")
+
+
+def test_engine_refuses_a_state_of_another_shape(tiny):
+    manifest = read_manifest(tiny["bundle"])
+    with pytest.raises(EdgememError, match="another shape"):
+        check_fits(manifest, tiny["bundle"], state_shapes={"layers.2.A": (1, 48, 64), "layers.2.z": (1, 48)})
+    engine = OrtEngine(tiny["bundle"])
+    with pytest.raises(EdgememError, match="other tensors"):
+        engine.step([3] * SEGMENT, {"layers.7.A": np.zeros((1, 48, 32), np.float32)})
+
+
+def edited_copy(tiny, tmp_path, edit) -> Path:
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny["bundle"], copy)
+    data = json.loads((copy / MANIFEST).read_text())
+    edit(data)
+    (copy / MANIFEST).write_text(json.dumps(data))
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["graphs"]["segment_step"].update(file="../../etc/passwd"), "points outside the bundle"),
+        (lambda d: d["graphs"]["answer"].update(file="/etc/passwd"), "not a relative path"),
+        (lambda d: d["tokenizer_files"].append("../secret.json"), "points outside the bundle"),
+        (lambda d: d["graphs"]["answer"].update(size=12), "wrong size"),
+        (lambda d: d.update(format="edgemem-bundle/0"), "format"),
+        (lambda d: d.pop("state_shapes"), "invalid manifest"),
+        (lambda d: d["graphs"].pop("answer"), "no answer graph"),
+    ],
+)
+def test_manifest_validation_refuses_bad_bundles(tiny, tmp_path, edit, message):
+    with pytest.raises(EdgememError, match=message):
+        read_manifest(edited_copy(tiny, tmp_path, edit))
+
+
+def test_graph_that_disagrees_with_its_manifest_is_refused(tiny, tmp_path):
+    def wrong_segment(data):
+        data["segment_len"] = SEGMENT * 2
+
+    engine = OrtEngine(edited_copy(tiny, tmp_path, wrong_segment))
+    with pytest.raises(EdgememError, match="expects other shapes than its manifest"):
+        engine.step([3] * SEGMENT, engine.empty_state())
+
+
+def test_ask_engine_user_errors_are_one_line(tiny, tmp_path):
+    doc = tmp_path / "d.txt"
+    doc.write_text(TEXT)
+    assert_one_line_error(run("ask", doc, "q?", "--engine", tmp_path / "nope"), "does not exist")
+    assert_one_line_error(run("ask", doc, "q?", "--engine", tmp_path), "not an edgemem engine bundle")
+    result = run("ask", doc, "q?", "--engine", tiny["bundle"], "--segment-len", "32")
+    assert_one_line_error(result, "segment length is fixed")
+    assert_one_line_error(run("export", "--out", tmp_path / "x", "--to", "tflite"), "unknown target")
+
+
+def test_int8_bundle_loads_runs_and_keys_its_states_apart(tiny, tmp_path):
+    manifest = quantize_bundle(tiny["bundle"], tmp_path / "int8")
+    assert manifest.quantization == "int8"
+    assert manifest.graphs["segment_step"].size < read_manifest(tiny["bundle"]).graphs["segment_step"].size
+    fp32, int8 = open_engine(tiny["bundle"]), open_engine(tmp_path / "int8")
+    assert int8.model_id == fp32.model_id + "+int8" and int8.backend == "onnxruntime-int8"
+    a, b = fp32.empty_state(), int8.empty_state()
+    for ids in random_segments(4):
+        a, _ = fp32.step(ids, a)
+        b, _ = int8.step(ids, b)
+    for name, tensor in a.named_tensors().items():
+        other = b.named_tensors()[name]
+        assert torch.isfinite(other).all()
+        assert float((other - tensor).norm() / tensor.norm()) < 0.2  # close, not equal
+    assert len(list(int8.generate_ids(b, list(range(5, 30)), set(), max_new_tokens=5))) == 5
+
+
+def test_session_options_follow_the_settings():
+    so = OrtOptions(threads=1, spinning=False).session_options()
+    assert so.intra_op_num_threads == 1
+    assert so.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert OrtOptions().session_options().intra_op_num_threads >= 1
+    with pytest.raises(EdgememError, match="unknown optimization level"):
+        OrtOptions(optimization="max").session_options()
+
+
+def test_gemma3_sliding_window_engine_matches_torch(tmp_path):
+    """Gemma-3 interleaves sliding-window layers (window 8 here): the engine's segment step and its
+    answer past the window must still match PyTorch."""
+    from tiny import tiny_gemma3
+
+    from edgemem.armt import ARMT, ARMTConfig
+    from edgemem.export.onnx import export_bundle
+    from edgemem.models import LoadedModel
+
+    base = tiny_gemma3()
+    armt = ARMT(base, ARMTConfig.for_model(6, segment_len=SEGMENT, num_write_tokens=3, d_mem=8))
+    with torch.no_grad():
+        for mem in armt.memories.values():
+            mem.W_V.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(2))
+    tok = tiny_assistant().loaded.tokenizer
+    export_bundle(armt, tok, tmp_path / "g", model_name="tiny-gemma3", model_id="tiny-gemma3@0")
+    torch_rt = TorchRuntime(LoadedModel("tiny-gemma3", "tiny-gemma3@0", base, tok, torch.float32), armt)
+    ort_rt = open_engine(tmp_path / "g")
+    a, b = torch_rt.empty_state(), ort_rt.empty_state()
+    with torch.inference_mode():
+        for ids in random_segments(3):
+            a, _ = torch_rt.step(ids, a)
+            b, _ = ort_rt.step(ids, b)
+        prompt = list(range(3, 23))  # longer than the window
+        assert list(ort_rt.generate_ids(b, prompt, set(), max_new_tokens=12)) == list(
+            torch_rt.generate_ids(a, prompt, set(), max_new_tokens=12)
+        )
+    for name, tensor in a.named_tensors().items():
+        assert float((b.named_tensors()[name] - tensor).norm() / tensor.norm()) < 1e-4
+
+
+def test_importing_the_runtime_loads_neither_torch_nor_onnxruntime():
+    code = "import sys, edgemem.runtime; print('onnxruntime' in sys.modules, 'torch' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout.split() == ["False", "False"], proc.stderr
