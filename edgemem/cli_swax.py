@@ -15,8 +15,13 @@ import codecs
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgemem.errors import EdgememError
+
+if TYPE_CHECKING:
+    from edgemem.documents import Scan
+    from edgemem.swax import SwaxModel
 
 SEGMENT = 4096  # bytes per step while reading the document
 
@@ -35,7 +40,7 @@ def is_swax_checkpoint(model: str) -> bool:
         return False
 
 
-def load_swax(path: Path):
+def load_swax(path: Path) -> SwaxModel:
     """The model of a SWAX checkpoint, in eval mode, with the window it was trained to end with."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -54,7 +59,7 @@ def load_swax(path: Path):
 
 
 def answer_bytes(
-    model,
+    model: SwaxModel,
     context: Iterable[bytes],
     question: str,
     max_new: int = 256,
@@ -88,7 +93,7 @@ def answer_bytes(
 
 
 def swax_ask(
-    source: object,
+    source: Scan,
     question: str,
     checkpoint: str,
     max_new_tokens: int = 256,
@@ -100,7 +105,7 @@ def swax_ask(
     from edgemem.cli_common import err
     from edgemem.documents import iter_text
 
-    context = (piece.encode("utf-8") for piece in iter_text(source))  # type: ignore[arg-type]
+    context = (piece.encode("utf-8") for piece in iter_text(source))
     model = load_swax(Path(checkpoint).expanduser())
     state_kib = model.empty_state().nbytes() / 1024
     err.print(
