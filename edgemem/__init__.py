@@ -1,14 +1,14 @@
 """edgemem: on-device long-context assistant with an associative recurrent memory (ARMT).
 
 Importing edgemem makes the process offline for the Hugging Face libraries: every model is read
-from a file on disk, never from a hub.
+from a file on disk, never from a hub (see edgemem/offline.py).
 """
 
 import os
 
-for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
-    os.environ.setdefault(_var, "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+from edgemem.offline import apply_offline_env
+
+apply_offline_env()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 __version__ = "0.1.0"
