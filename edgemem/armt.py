@@ -250,6 +250,16 @@ class ARMT(nn.Module):
         )
         return out.logits[:, -1]
 
+    def read_only_hidden(self, input_ids: Tensor, state: MemoryState) -> Tensor:
+        """The answer segment for training: read memory, never write, no cache.
+
+        input_ids [B, T] -> final hidden states [B, T, D] (after the last norm; apply
+        `base.lm_head` to the positions that carry a loss).
+        """
+        ctx = _SegmentContext(state, 0)
+        out = self.base.model(inputs_embeds=self._embed(input_ids, write=False), use_cache=False, armt=ctx)
+        return out.last_hidden_state
+
     # ----- the adapter (memory parameters) -----
 
     def adapter_tensors(self) -> dict[str, Tensor]:

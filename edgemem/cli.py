@@ -18,6 +18,7 @@ from rich.table import Table
 from edgemem.cli_common import AdapterOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.cli_eval import data_app, eval_app
 from edgemem.cli_export import EngineOpt, OptionalModelOpt, bench_runtimes, export_cmd
+from edgemem.cli_train import train_cmd
 from edgemem.errors import EdgememError
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ bench_app = typer.Typer(help="Benchmarks that print measured figures.", no_args_
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(eval_app, name="eval")
+app.command("train")(train_cmd)
 app.command("export")(export_cmd)
 bench_app.command("runtimes")(bench_runtimes)
 

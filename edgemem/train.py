@@ -1,0 +1,791 @@
+"""Training the memory: the ARMT recipe as stages, resumable, on one process or several (DDP).
+
+A run is a folder: `config.toml` (a copy of what it was started with), `checkpoint.safetensors`
+(trainable parameters, AdamW state, step and the torch RNG: resumed exactly), `adapter.safetensors`
+(the memory adapter at the last checkpoint, what `--adapter` loads), `log.jsonl` (one line per
+step, one per evaluation) and `curves.png` (`edgemem train plot`).
+
+Stages run in order. Each stage has its own task, segment length, number of written segments
+(sampled per batch from a list: the curriculum), learning rate with linear warm-up and cosine
+annealing, and optionally a stochastic segment length (short with probability p, long for the
+last 10% of the stage's steps). Tasks:
+
+- `lm`: continued pretraining on long real text; LM loss on every segment after the first.
+- `recall`: needles ("One of the special magic numbers for <key> is: <7 digits>.") in real prose,
+  written into memory; the question and the answer prefix come in the read-only answer segment
+  after the document's tail, exactly as `edgemem ask` and the `niah` evaluation build it; loss on
+  the answer only.
+- `tokens`: a synthetic key/value recall over raw token ids, for tiny models in tests.
+
+What a step samples is a pure function of (seed, step): a resumed run sees the same batches, and
+every DDP rank builds the same global batch and takes its share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save
+from torch import Tensor
+
+from edgemem.armt import ARMT, ARMTConfig, MemoryState, prompt_ids, save_adapter, stop_token_ids
+from edgemem.errors import EdgememError
+
+CHECKPOINT_FORMAT = "edgemem-train/1"
+TASKS = ("lm", "recall", "tokens")
+FINAL_FRACTION = 0.1  # the last 10% of a stage's steps use its long segment length only
+
+
+# ----- configuration -----
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of the recipe.
+
+    segments: number of written segments, one sampled per batch (the curriculum inside a stage).
+    needle: where the needle sits in its segment ("end": its last tokens; "random").
+    needle_segment: which written segment holds it ("first", "last" or "any").
+    tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
+    keys: needles per document; the others are distractors with other keys.
+    short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
+    bptt: back-propagate through the last K written segments only (0: all of them).
+    """
+
+    name: str
+    task: str
+    steps: int
+    segment_len: int
+    segments: tuple[int, ...] = (1,)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 10
+    batch_size: int = 4
+    needle: str = "random"
+    needle_segment: str = "any"
+    tail: int = 0
+    keys: int = 1
+    short_segment_len: int = 0
+    p_short: float = 0.5
+    bptt: int = 0
+    checkpointing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise EdgememError(f"stage {self.name!r}: unknown task {self.task!r} (choose from {TASKS})")
+        if self.steps < 0 or self.segment_len < 1 or not self.segments or min(self.segments) < 1:
+            raise EdgememError(f"stage {self.name!r}: steps, segment_len and segments must be positive")
+        if self.task == "lm" and min(self.segments) < 2:
+            raise EdgememError(f"stage {self.name!r}: the lm task needs at least 2 segments")
+        if self.needle not in ("end", "random") or self.needle_segment not in ("first", "last", "any"):
+            raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
+        if not 0 <= self.p_short <= 1:
+            raise EdgememError(f"stage {self.name!r}: p_short must lie in [0, 1]")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A whole run: the model, the memory, the stages, and how often to save and evaluate."""
+
+    model: str
+    stages: tuple[Stage, ...]
+    memory_layers: tuple[int, ...] = ()  # empty: the default ~20% of the layers
+    backbone: str = "frozen"  # "frozen": only the adapter trains; "full": everything (tiny models)
+    num_write_tokens: int = 16
+    d_mem: int = 64
+    seed: int = 0
+    threads: int = 0  # 0: leave torch's default
+    checkpoint_every: int = 10  # steps
+    eval_every: int = 50  # steps; 0: never
+    eval_items: int = 32
+    eval_segments: tuple[int, ...] = (1, 2, 4, 8)
+    corpora: tuple[str, ...] = ("linux-doc", "python-doc", "gnu-manuals")
+    corpus_tokens: int = 2_000_000  # how much of the train split to tokenize for the haystacks
+
+    def __post_init__(self) -> None:
+        if self.backbone not in ("frozen", "full"):
+            raise EdgememError(f"backbone must be 'frozen' or 'full', not {self.backbone!r}")
+        if not self.stages:
+            raise EdgememError("a training config needs at least one stage")
+
+    @property
+    def total_steps(self) -> int:
+        return sum(s.steps for s in self.stages)
+
+    def stage_at(self, step: int) -> tuple[Stage, int]:
+        """The stage that global step `step` (0-based) belongs to, and the step inside it."""
+        for stage in self.stages:
+            if step < stage.steps:
+                return stage, step
+            step -= stage.steps
+        raise EdgememError("step beyond the last stage")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        data = dict(data)
+        raw = data.pop("stage", None) or data.pop("stages", None)
+        if not raw:
+            raise EdgememError("a training config needs at least one [[stage]]")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise EdgememError(f"unknown training option(s): {', '.join(unknown)}")
+        stage_keys = {f.name for f in fields(Stage)}
+        stages = []
+        for entry in raw:
+            bad = sorted(set(entry) - stage_keys)
+            if bad:
+                raise EdgememError(f"unknown stage option(s): {', '.join(bad)}")
+            entry = dict(entry)
+            entry["segments"] = tuple(entry.get("segments", (1,)))
+            try:
+                stages.append(Stage(**entry))
+            except TypeError as exc:
+                raise EdgememError(f"stage {entry.get('name', '?')!r}: {exc}") from exc
+        for key in ("memory_layers", "eval_segments", "corpora"):
+            if key in data:
+                data[key] = tuple(data[key])
+        try:
+            return cls(stages=tuple(stages), **data)
+        except TypeError as exc:
+            raise EdgememError(f"training config: {exc}") from exc
+
+
+def load_config(path: Path) -> TrainConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise EdgememError(f"training config {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise EdgememError(f"training config {path} is not valid TOML: {exc}") from exc
+    return TrainConfig.from_dict(data)
+
+
+# ----- schedules -----
+
+
+def learning_rate(stage: Stage, step: int) -> float:
+    """Linear warm-up to stage.lr, then cosine annealing to lr * min_lr_ratio at the stage's end."""
+    if stage.warmup and step < stage.warmup:
+        return stage.lr * (step + 1) / stage.warmup
+    span = max(1, stage.steps - stage.warmup)
+    progress = min(1.0, (step - stage.warmup) / span)
+    floor = stage.lr * stage.min_lr_ratio
+    return floor + (stage.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def step_rng(seed: int, step: int, what: str) -> random.Random:
+    digest = hashlib.sha256(f"{seed}|{step}|{what}".encode()).hexdigest()
+    return random.Random(int(digest[:16], 16))
+
+
+def batch_shape(config: TrainConfig, step: int) -> tuple[int, int]:
+    """(segment length, written segments) of global step `step`.
+
+    The number of segments is sampled from the stage's list; with a stochastic segment length the
+    short one is drawn with probability p_short, except in the stage's last 10% of steps.
+    """
+    stage, local = config.stage_at(step)
+    rng = step_rng(config.seed, step, "shape")
+    segments = rng.choice(stage.segments)
+    length = stage.segment_len
+    stochastic = stage.short_segment_len and local < stage.steps * (1 - FINAL_FRACTION)
+    if stochastic and rng.random() < stage.p_short:
+        length = stage.short_segment_len
+    return length, segments
+
+
+# ----- batches -----
+
+
+@dataclass
+class Batch:
+    """One global batch.
+
+    written [B, N * S]: the document's written segments; answer [B, T] (right-padded): the
+    read-only last segment (tail, question, answer prefix, answer); targets [B, T]: the next token
+    to predict at each answer position, -100 where there is no loss. For the lm task `answer` is
+    empty and the loss is on the written segments after the first.
+    """
+
+    written: Tensor
+    answer: Tensor
+    targets: Tensor
+    segment_len: int
+
+    def rows(self, index: list[int]) -> Batch:
+        return Batch(self.written[index], self.answer[index], self.targets[index], self.segment_len)
+
+
+def _pad(rows: list[list[int]], value: int) -> Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
+
+
+class TokenRecall:
+    """Synthetic key/value recall over raw token ids (no tokenizer, for tiny models).
+
+    Ids 0..3 are markers (0 pad, 1 "key follows", 2 "question", 3 "answer"); keys and values are
+    drawn from the rest of the vocabulary. The document is random filler with the pairs
+    `1 key value` in it; the answer segment is `2 key 3` and the target is the value.
+    """
+
+    def __init__(self, vocab: int, values: int = 10) -> None:
+        if vocab < 4 + values:
+            raise EdgememError(
+                f"a token recall task with {values} values needs a vocabulary of {4 + values}+"
+            )
+        self.vocab = vocab
+        self.values = values  # values are ids 4 .. 4 + values - 1: chance is 1 / values
+
+    def batch(self, rng: random.Random, stage: Stage, segment_len: int, segments: int) -> Batch:
+        S = segment_len
+        written, answers, targets = [], [], []
+        for _ in range(stage.batch_size):
+            doc = [rng.randrange(4, self.vocab) for _ in range(S * segments)]
+            keys = rng.sample(range(4, self.vocab), stage.keys)
+            values = [rng.randrange(4, 4 + self.values) for _ in keys]
+            for key, value in zip(keys, values, strict=True):
+                seg = _needle_segment(rng, stage, segments)
+                pos = S - 3 if stage.needle == "end" else rng.randrange(0, S - 2)
+                doc[seg * S + pos : seg * S + pos + 3] = [1, key, value]
+            written.append(doc)
+            answers.append([2, keys[0], 3, values[0]])
+            targets.append([-100, -100, values[0], -100])
+        return Batch(torch.tensor(written), torch.tensor(answers), torch.tensor(targets), S)
+
+
+def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
+    if stage.needle_segment == "first":
+        return 0
+    if stage.needle_segment == "last":
+        return segments - 1
+    return rng.randrange(segments)
+
+
+NEEDLE = "One of the special magic numbers for {} is: {}."
+QUESTION = "What is the special magic number for {} mentioned in the provided text?"
+ANSWER_PREFIX = "The special magic number for {} mentioned in the provided text is"
+
+
+class ProseTasks:
+    """Batches from real prose (a token stream of the corpora's train or validation split).
+
+    `recall` items are built like the evaluation's `niah` items: the same needle sentence,
+    question, chat template and answer prefix.
+    """
+
+    def __init__(self, tokenizer: object, stream: Tensor) -> None:
+        self.tokenizer = tokenizer
+        self.stream = stream
+        stops = sorted(stop_token_ids(tokenizer))
+        self.end_id = stops[0] if stops else None
+        im_end = tokenizer.get_vocab().get("<|im_end|>")  # type: ignore[attr-defined]
+        if im_end is not None:
+            self.end_id = im_end
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids  # type: ignore[operator]
+
+    def _window(self, rng: random.Random, length: int) -> list[int]:
+        start = rng.randrange(0, len(self.stream) - length)
+        return self.stream[start : start + length].tolist()
+
+    def batch(self, task: str, rng: random.Random, stage: Stage, segment_len: int, segments: int) -> Batch:
+        S = segment_len
+        if task == "lm":
+            rows = [self._window(rng, S * segments) for _ in range(stage.batch_size)]
+            empty = torch.zeros(len(rows), 0, dtype=torch.long)
+            return Batch(torch.tensor(rows), empty, empty.clone(), S)
+        written, answers, targets = [], [], []
+        for _ in range(stage.batch_size):
+            doc, prompt, answer = self.recall_item(rng, stage, S, segments)
+            written.append(doc[: S * segments])
+            answers.append(prompt + answer)
+            targets.append([-100] * (len(prompt) - 1) + answer + [-100])
+        return Batch(torch.tensor(written), _pad(answers, 0), _pad(targets, -100), S)
+
+    def recall_item(
+        self, rng: random.Random, stage: Stage, S: int, segments: int
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(document ids: written segments then the tail, answer-segment prompt, answer ids)."""
+        taken: set[str] = set()
+        from edgemem.data.tasks import _key, _number
+
+        tail_len = rng.randint(1, stage.tail or S)
+        doc = self._window(rng, S * segments + tail_len)
+        keys = [_key(rng, taken) for _ in range(stage.keys)]
+        values = [_number(rng) for _ in keys]
+        for key, value in zip(keys, values, strict=True):
+            needle = self._ids(" " + NEEDLE.format(key, value))[: S - 1]
+            seg = _needle_segment(rng, stage, segments)
+            pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
+            doc[seg * S + pos : seg * S + pos + len(needle)] = needle
+        tail = doc[S * segments :]
+        prompt = prompt_ids(self.tokenizer, tail, QUESTION.format(keys[0])) + self._ids(
+            ANSWER_PREFIX.format(keys[0])
+        )
+        answer = self._ids(" " + values[0] + ".") + ([self.end_id] if self.end_id is not None else [])
+        return doc, prompt, answer
+
+
+def prose_stream(tokenizer: object, corpora: tuple[str, ...], split: str, limit: int) -> Tensor:
+    """Token ids [N] of a corpus split's documents (shuffled by a fixed seed), at most `limit`."""
+    from edgemem.data import corpora as corpora_mod
+
+    docs = [r for name in corpora for r in corpora_mod.load(name, split)]
+    docs.sort(key=lambda r: r["sha256"])
+    random.Random(f"train-{split}").shuffle(docs)
+    ids: list[int] = []
+    for row in docs:
+        ids += tokenizer(row["text"].strip() + "\n\n", add_special_tokens=False).input_ids  # type: ignore[operator]
+        if len(ids) >= limit:
+            break
+    if len(ids) < 10_000:
+        raise EdgememError(
+            f"the {split} split of {', '.join(corpora)} has too little text ({len(ids)} tokens)"
+        )
+    return torch.tensor(ids[:limit], dtype=torch.int32)
+
+
+# ----- the loss -----
+
+
+def _detach(state: MemoryState) -> MemoryState:
+    return MemoryState(
+        {k: v.detach() for k, v in state.A.items()}, {k: v.detach() for k, v in state.z.items()}, state.writes
+    )
+
+
+def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> tuple[Tensor, dict]:
+    """Summed per-item mean losses divided by the global batch size (so that DDP ranks add up).
+
+    Returns (loss, stats) with stats["segment_loss"]: mean loss per scored segment index.
+    """
+    S = batch.segment_len
+    n = batch.written.shape[1] // S
+    B = batch.written.shape[0]
+    state = armt.empty_state(B)
+    per_item = torch.zeros(B)
+    segment_loss: list[float] = []
+    head = armt.base.get_output_embeddings()
+    for j in range(n):
+        if stage.bptt and n - j > stage.bptt:
+            state = _detach(state)
+        ids = batch.written[:, j * S : (j + 1) * S]
+        want_logits = stage.task == "lm" and j > 0
+        run = armt.step
+        if stage.checkpointing and torch.is_grad_enabled():
+            state, logits = _checkpointed_step(armt, ids, state, want_logits)
+        else:
+            state, logits = run(ids, state, return_logits=want_logits)
+        if want_logits:
+            losses = F.cross_entropy(
+                logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
+            ).view(B, -1)
+            item = losses.mean(1)
+            per_item = per_item + item / (n - 1)
+            segment_loss.append(float(item.detach().mean()))
+    if stage.task != "lm":
+        hidden = armt.read_only_hidden(batch.answer, state)
+        mask = batch.targets != -100
+        logits = head(hidden[mask]).float()
+        losses = F.cross_entropy(logits, batch.targets[mask], reduction="none")
+        rows = mask.nonzero()[:, 0]
+        counts = mask.sum(1).clamp_min(1)
+        per_item = per_item + torch.zeros(B).index_add(0, rows, losses) / counts
+        correct = (logits.argmax(-1) == batch.targets[mask]).float()
+        exact = torch.zeros(B).index_add(0, rows, correct) == counts
+        segment_loss.append(float(per_item.detach().mean()))
+        stats = {"segment_loss": segment_loss, "exact": float(exact.float().mean())}
+    else:
+        stats = {"segment_loss": segment_loss}
+    return per_item.sum() / global_batch, stats
+
+
+def _checkpointed_step(armt: ARMT, ids: Tensor, state: MemoryState, want_logits: bool):
+    """armt.step, recomputed in the backward pass instead of keeping its activations."""
+    from torch.utils.checkpoint import checkpoint
+
+    layers = sorted(state.A)
+
+    def run(*flat: Tensor):
+        s = MemoryState(
+            dict(zip(layers, flat[: len(layers)], strict=True)),
+            dict(zip(layers, flat[len(layers) :], strict=True)),
+            state.writes,
+        )
+        new, logits = armt.step(ids, s, return_logits=want_logits)
+        out = [new.A[k] for k in layers] + [new.z[k] for k in layers]
+        return (*out, logits) if want_logits else tuple(out)
+
+    flat = [state.A[k] for k in layers] + [state.z[k] for k in layers]
+    out = checkpoint(run, *flat, use_reentrant=False)
+    k = len(layers)
+    new = MemoryState(
+        dict(zip(layers, out[:k], strict=True)),
+        dict(zip(layers, out[k : 2 * k], strict=True)),
+        state.writes + 1,
+    )
+    return new, (out[2 * k] if want_logits else None)
+
+
+# ----- checkpoints -----
+
+
+def _trainable(armt: ARMT) -> dict[str, torch.nn.Parameter]:
+    return {name: p for name, p in armt.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer, step: int, config_json: str):
+    """Parameters, AdamW moments and step counts, the torch RNG, the step: one safetensors file."""
+    params = _trainable(armt)
+    tensors: dict[str, Tensor] = {f"param.{n}": p.detach().contiguous() for n, p in params.items()}
+    for name, p in params.items():
+        for key, value in optimizer.state.get(p, {}).items():
+            tensors[f"opt.{name}.{key}"] = value.detach().contiguous().reshape(value.shape)
+    tensors["rng.torch"] = torch.get_rng_state()
+    meta = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": config_json}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(save(tensors, metadata=meta))
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
+    """Restore what `save_checkpoint` wrote; returns (step, config json)."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise EdgememError(f"checkpoint {path} is not readable: {exc}") from exc
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise EdgememError(f"{path} is not an edgemem training checkpoint")
+    params = _trainable(armt)
+    missing = [n for n in params if f"param.{n}" not in tensors]
+    if missing:
+        raise EdgememError(f"checkpoint {path} does not fit this model (missing {missing[0]})")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(tensors[f"param.{name}"])
+    for name, p in params.items():
+        state = {
+            key[len(f"opt.{name}.") :]: value
+            for key, value in tensors.items()
+            if key.startswith(f"opt.{name}.")
+            and key[len(f"opt.{name}.") :] in ("step", "exp_avg", "exp_avg_sq")
+        }
+        if state:
+            optimizer.state[p] = state
+    torch.set_rng_state(tensors["rng.torch"])
+    return int(meta["step"]), meta.get("config", "")
+
+
+# ----- evaluation during training -----
+
+
+@torch.no_grad()
+def recall_accuracy(
+    armt: ARMT,
+    make_batch: Callable[[random.Random, Stage, int, int], Batch],
+    seed: int,
+    items: int,
+    segment_len: int,
+    segments: int,
+    stage: Stage,
+) -> float:
+    """Exact answers (every answer token the argmax, i.e. what greedy decoding would produce) on
+    `items` fixed held-out items with `segments` written segments."""
+    probe = replace(stage, batch_size=min(8, items), keys=1)
+    exact = 0.0
+    done = 0
+    k = 0
+    while done < items:
+        batch = make_batch(step_rng(seed, k, f"eval-{segments}"), probe, segment_len, segments)
+        _, stats = forward_loss(armt, batch, replace(probe, task="recall", bptt=0, checkpointing=False), 1)
+        exact += stats["exact"] * batch.written.shape[0]
+        done += batch.written.shape[0]
+        k += 1
+    return exact / done
+
+
+# ----- the loop -----
+
+
+@dataclass
+class Run:
+    """What `train` needs besides the config: the model, the batch makers, where to write."""
+
+    armt: ARMT
+    out: Path
+    make_batch: Callable[[random.Random, Stage, int, int], Batch]  # (rng, stage, S, segments) -> Batch
+    make_eval_batch: Callable[[random.Random, Stage, int, int], Batch] | None = None
+    log: Callable[[str], None] = print
+    rank: int = 0
+    world: int = 1
+    extra_meta: dict[str, str] = field(default_factory=dict)
+
+
+def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
+    import torch.distributed as dist
+
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+
+
+def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
+    """Run (or resume) the recipe until its last step, or `max_steps` more steps. Returns the step reached."""
+    armt = run.armt
+    out = run.out
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint.safetensors"
+    params = list(_trainable(armt).values())
+    optimizer = torch.optim.AdamW(params, lr=config.stages[0].lr, weight_decay=0.0)
+    step = 0
+    if ckpt.is_file():
+        step, saved = load_checkpoint(ckpt, armt, optimizer)
+        if saved and json.loads(saved) != json.loads(config.to_json()):
+            raise EdgememError(f"{out} holds a run with another config: use a new folder or delete it")
+        run.log(f"resumed at step {step}")
+    log_path = out / "log.jsonl"
+    stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
+    while step < stop_at:
+        stage, local = config.stage_at(step)
+        S, n = batch_shape(config, step)
+        lr = learning_rate(stage, local)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
+        local_rows = list(range(run.rank, batch.written.shape[0], run.world))
+        armt.train()
+        loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if run.world > 1:
+            _all_reduce_grads(params, run.world)
+            stats_loss = loss.detach().clone()
+            import torch.distributed as dist
+
+            dist.all_reduce(stats_loss)
+            loss_value = float(stats_loss)
+        else:
+            loss_value = float(loss)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
+        optimizer.step()
+        step += 1
+        seconds = time.perf_counter() - started
+        tokens = (
+            batch.written.numel()
+            + batch.answer.numel()
+            + batch.written.shape[0] * n * (armt.config.num_write_tokens)
+        )
+        record = {
+            "step": step,
+            "stage": stage.name,
+            "segment_len": S,
+            "segments": n,
+            "lr": lr,
+            "loss": round(loss_value, 5),
+            "segment_loss": [round(x, 5) for x in stats["segment_loss"]],
+            "grad_norm": round(grad_norm, 4),
+            "tokens": tokens,
+            "seconds": round(seconds, 3),
+            "tokens_per_s": round(tokens / seconds, 1),
+        }
+        if "exact" in stats:
+            record["exact"] = stats["exact"]
+        if run.rank == 0:
+            _append(log_path, record)
+        last = step == stop_at
+        if run.rank == 0 and (step % config.checkpoint_every == 0 or last):
+            save_checkpoint(ckpt, armt, optimizer, step, config.to_json())
+            if config.backbone == "frozen":  # a fully trained backbone is not an adapter
+                meta = {"train_steps": str(step), "train_config": config.to_json(), **run.extra_meta}
+                save_adapter(armt, out / "adapter.safetensors", meta)
+        if (
+            run.rank == 0
+            and config.eval_every
+            and (step % config.eval_every == 0 or last)
+            and stage.task != "lm"
+        ):
+            armt.eval()
+            maker = run.make_eval_batch or run.make_batch
+            acc = {
+                str(k): recall_accuracy(
+                    armt, maker, config.seed, config.eval_items, stage.segment_len, k, stage
+                )
+                for k in config.eval_segments
+            }
+            _append(log_path, {"step": step, "stage": stage.name, "eval_exact": acc})
+            run.log(f"step {step}: eval exact {acc}")
+        if run.rank == 0 and (step % 10 == 0 or last):
+            run.log(
+                f"step {step}/{config.total_steps} [{stage.name}] S={S} n={n} loss {loss_value:.4f} "
+                f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s"
+            )
+    return step
+
+
+def _append(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        with contextlib.suppress(OSError):
+            os.fsync(handle.fileno())
+
+
+def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
+    """The model to train: a frozen base with fresh memory (only memory and write tokens train)."""
+    layers = base.config.num_hidden_layers
+    overrides: dict[str, object] = {
+        "segment_len": config.stages[-1].segment_len,
+        "num_write_tokens": config.num_write_tokens,
+        "d_mem": config.d_mem,
+    }
+    if config.memory_layers:
+        overrides["memory_layers"] = config.memory_layers
+    armt = ARMT(base, ARMTConfig.for_model(layers, **overrides), seed=config.seed)
+    for p in armt.parameters():  # the memories sit inside the base's layer list: freeze, then thaw
+        p.requires_grad_(config.backbone == "full")
+    for p in trainable_memory(armt):
+        p.requires_grad_(True)
+    return armt
+
+
+def trainable_memory(armt: ARMT) -> list[torch.nn.Parameter]:
+    """The adapter's parameters: every memory's W_Q, W_K, W_V, W_b and the write embeddings."""
+    return [*armt.memories.parameters(), armt.write_embeddings]
+
+
+# ----- a real run: model, corpora, processes -----
+
+
+def cached_stream(tokenizer: object, model_id: str, config: TrainConfig, split: str) -> Tensor:
+    """`prose_stream`, cached as safetensors under the cache directory (keyed by model and corpora)."""
+    from edgemem.data.corpora import corpora_dir
+    from edgemem.paths import cache_dir
+
+    stamp = [model_id, split, str(config.corpus_tokens), *config.corpora]
+    for name in config.corpora:
+        meta = corpora_dir() / f"{name}.jsonl"
+        stamp.append(str(meta.stat().st_mtime_ns) if meta.is_file() else "missing")
+    key = hashlib.sha256("|".join(stamp).encode()).hexdigest()[:16]
+    path = cache_dir() / "train" / f"stream-{split}-{key}.safetensors"
+    if path.is_file():
+        return load_file(str(path))["ids"]
+    ids = prose_stream(tokenizer, config.corpora, split, config.corpus_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(save({"ids": ids}))
+    os.replace(tmp, path)
+    return ids
+
+
+def run_config(
+    config: TrainConfig, out: Path, max_steps: int | None = None, log: Callable[[str], None] = print
+):
+    """`edgemem train CONFIG`: load the model, build the tasks from the corpora, train or resume.
+
+    Under `torchrun --nproc_per_node N` each process joins a gloo (CPU) or NCCL (CUDA) group and
+    takes every N-th item of each global batch.
+    """
+    import torch.distributed as dist
+
+    from edgemem.models import load_model
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    loaded = load_model(config.model, dtype=torch.float32)
+    armt = build_armt(loaded.model, config)
+    tasks = ProseTasks(loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "train"))
+    held_out = ProseTasks(
+        loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "validation")
+    )
+    run = Run(
+        armt,
+        Path(out),
+        lambda rng, stage, S, n: tasks.batch(stage.task, rng, stage, S, n),
+        lambda rng, stage, S, n: held_out.batch("recall", rng, stage, S, n),
+        log=log if rank == 0 else (lambda _: None),
+        rank=rank,
+        world=world,
+        extra_meta={"model_id": loaded.model_id},
+    )
+    try:
+        return train(config, run, max_steps)
+    finally:
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def read_log(path: Path) -> tuple[list[dict], list[dict]]:
+    """(step records, evaluation records) of a run's log.jsonl; a torn last line is ignored."""
+    steps, evals = [], []
+    for line in Path(path).read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        (evals if "eval_exact" in record else steps).append(record)
+    return steps, evals
+
+
+def plot(run_dir: Path, out: Path | None = None) -> Path:
+    """curves.png: training loss (smoothed) and held-out exact recall per number of segments."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    log = Path(run_dir) / "log.jsonl"
+    if not log.is_file():
+        raise EdgememError(f"{run_dir} has no log.jsonl: not a training run")
+    steps, evals = read_log(log)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    xs = [r["step"] for r in steps]
+    ys = [r["loss"] for r in steps]
+    k = 20
+    smooth = [sum(ys[max(0, i - k + 1) : i + 1]) / len(ys[max(0, i - k + 1) : i + 1]) for i in range(len(ys))]
+    left.plot(xs, ys, alpha=0.25, color="tab:blue")
+    left.plot(xs, smooth, color="tab:blue")
+    for r in steps:
+        if r["step"] > 1 and r["stage"] != steps[xs.index(r["step"]) - 1]["stage"]:
+            left.axvline(r["step"], color="grey", lw=0.5)
+            left.text(r["step"], max(ys), r["stage"], fontsize=7, rotation=90, va="top")
+    left.set(xlabel="step", ylabel="loss", title="training loss (20-step mean)")
+    if evals:
+        for n in sorted({n for r in evals for n in r["eval_exact"]}, key=int):
+            pts = [(r["step"], r["eval_exact"][n]) for r in evals if n in r["eval_exact"]]
+            right.plot(*zip(*pts, strict=True), marker="o", label=f"{n} segment(s)")
+        right.legend()
+    right.set(xlabel="step", ylabel="exact recall", ylim=(0, 1), title="held-out recall (validation split)")
+    fig.tight_layout()
+    target = out or Path(run_dir) / "curves.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target

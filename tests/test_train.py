@@ -1,0 +1,319 @@
+"""The training recipe: a tiny model learns recall, resume is exact, DDP matches one process,
+schedules give the intended shapes, adapters round-trip, configs and real-text items are right."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny import VOCAB, tiny_llama
+
+from edgemem.armt import ARMT, read_adapter
+from edgemem.errors import EdgememError
+from edgemem.train import (
+    ANSWER_PREFIX,
+    FINAL_FRACTION,
+    NEEDLE,
+    ProseTasks,
+    Run,
+    Stage,
+    TokenRecall,
+    TrainConfig,
+    batch_shape,
+    build_armt,
+    forward_loss,
+    learning_rate,
+    load_config,
+    read_log,
+    recall_accuracy,
+    step_rng,
+    train,
+)
+
+REPO = Path(__file__).parents[1]
+SHIPPED_CONFIG = REPO / "configs" / "train" / "smollm2-135m.toml"
+
+
+def tiny_config(steps: int = 6, backbone: str = "full", **stage: object) -> TrainConfig:
+    options = dict(
+        name="kv",
+        task="tokens",
+        steps=steps,
+        segment_len=4,
+        segments=(1,),
+        lr=3e-3,
+        warmup=10,
+        batch_size=16,
+        needle="end",
+    )
+    options.update(stage)
+    return TrainConfig(
+        model="tiny",
+        stages=(Stage(**options),),
+        backbone=backbone,
+        memory_layers=(0, 1, 2, 3, 4),
+        d_mem=16,
+        num_write_tokens=4,
+        eval_every=0,
+        checkpoint_every=3,
+    )
+
+
+def tiny_run(config: TrainConfig, out: Path) -> Run:
+    torch.manual_seed(0)
+    return Run(build_armt(tiny_llama(), config), out, TokenRecall(VOCAB).batch, log=lambda _: None)
+
+
+def test_tiny_model_learns_two_segment_recall(tmp_path):
+    """The memory carries a value from the written segment to the answer segment: loss falls and
+    held-out exact recall beats chance (1 in 10) by a wide margin, in well under a minute."""
+    config = tiny_config(steps=300)
+    run = tiny_run(config, tmp_path)
+    torch.set_num_threads(1)
+    try:
+        assert train(config, run) == 300
+    finally:
+        torch.set_num_threads(os.cpu_count() or 1)
+    steps, _ = read_log(tmp_path / "log.jsonl")
+    first = sum(r["loss"] for r in steps[:20]) / 20
+    last = sum(r["loss"] for r in steps[-20:]) / 20
+    assert last < 0.5 * first
+    run.armt.eval()
+    accuracy = recall_accuracy(run.armt, TokenRecall(VOCAB).batch, 123, 64, 4, 1, config.stages[0])
+    assert accuracy >= 0.5
+
+
+def test_resumed_run_continues_bit_for_bit(tmp_path):
+    """3 steps, stop, resume for 3 more: the same parameters and losses as 6 steps in one go."""
+    config = tiny_config(steps=6)
+    straight = tiny_run(config, tmp_path / "a")
+    train(config, straight)
+    first = tiny_run(config, tmp_path / "b")
+    assert train(config, first, max_steps=3) == 3
+    resumed = tiny_run(config, tmp_path / "b")  # a fresh process: a new model, the checkpoint on disk
+    assert train(config, resumed) == 6
+    for (name, a), (_, b) in zip(
+        straight.armt.named_parameters(), resumed.armt.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    losses = [[r["loss"] for r in read_log(p / "log.jsonl")[0]] for p in (tmp_path / "a", tmp_path / "b")]
+    assert losses[0] == losses[1]
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path):
+    train(tiny_config(steps=3), tiny_run(tiny_config(steps=3), tmp_path))
+    other = tiny_config(steps=3, lr=1e-2)
+    with pytest.raises(EdgememError, match="another config"):
+        train(other, tiny_run(other, tmp_path))
+
+
+def test_two_process_gloo_matches_one_process(tmp_path):
+    """torchrun with 2 processes (gloo) gives the gradients of 1 process at the same global batch."""
+    worker = Path(__file__).with_name("ddp_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    one = subprocess.run(
+        [sys.executable, str(worker), str(tmp_path / "one")], env=env, capture_output=True, text=True
+    )
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            "29533",
+            str(worker),
+            str(tmp_path / "two"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = (
+        load_file(str(tmp_path / "one" / "grads.safetensors")),
+        load_file(str(tmp_path / "two" / "grads.safetensors")),
+    )
+    assert a.keys() == b.keys() and len(a) > 10
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-7, msg=name)
+    assert any(float(t.abs().sum()) > 0 for t in a.values())
+
+
+def test_curriculum_and_stochastic_segment_length_schedules():
+    """Segments are drawn from the stage's list; the short length comes with probability p_short,
+    never in the stage's last 10% of steps; warm-up then cosine annealing."""
+    stage = Stage(
+        name="s",
+        task="recall",
+        steps=2000,
+        segment_len=128,
+        segments=(2, 4, 8),
+        short_segment_len=32,
+        p_short=0.75,
+        warmup=100,
+        lr=1e-3,
+        min_lr_ratio=0.1,
+    )
+    config = TrainConfig(model="x", stages=(Stage(name="a", task="recall", steps=10, segment_len=64), stage))
+    shapes = [batch_shape(config, 10 + i) for i in range(stage.steps)]
+    cut = int(stage.steps * (1 - FINAL_FRACTION))
+    early, late = shapes[:cut], shapes[cut:]
+    share_short = sum(s == 32 for s, _ in early) / len(early)
+    assert abs(share_short - 0.75) < 0.04
+    assert all(s == 128 for s, _ in late)
+    for k in (2, 4, 8):
+        assert abs(sum(n == k for _, n in shapes) / len(shapes) - 1 / 3) < 0.05
+    assert {s for s, _ in (batch_shape(config, i) for i in range(10))} == {64}
+    assert batch_shape(config, 500) == batch_shape(config, 500)  # a pure function of the step
+    assert learning_rate(stage, 0) == pytest.approx(1e-5)
+    assert learning_rate(stage, 99) == pytest.approx(1e-3)
+    assert learning_rate(stage, 1999) == pytest.approx(1e-4, rel=1e-3)
+    assert learning_rate(stage, 1000) < learning_rate(stage, 500) < 1e-3
+
+
+def test_adapter_file_round_trips(tmp_path):
+    """The run's adapter loads into a fresh model with the same hash and says how it was trained."""
+    config = tiny_config(steps=3, backbone="frozen")
+    run = tiny_run(config, tmp_path)
+    train(config, run)
+    memory_config, tensors = read_adapter(tmp_path / "adapter.safetensors")
+    fresh = ARMT(tiny_llama(), memory_config)
+    assert fresh.adapter_hash() != run.armt.adapter_hash()
+    fresh.load_adapter_tensors(tensors)
+    assert fresh.adapter_hash() == run.armt.adapter_hash()
+    assert fresh.is_trained()
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "adapter.safetensors"), framework="pt") as handle:
+        meta = handle.metadata()
+    assert meta["train_steps"] == "3" and json.loads(meta["train_config"])["backbone"] == "frozen"
+
+
+def test_frozen_backbone_trains_only_the_adapter(tmp_path):
+    config = tiny_config(steps=2, backbone="frozen")
+    run = tiny_run(config, tmp_path)
+    before = {n: p.detach().clone() for n, p in run.armt.base.named_parameters() if ".memory." not in n}
+    train(config, run)
+    for name, p in run.armt.base.named_parameters():
+        if ".memory." not in name:
+            assert torch.equal(p, before[name]), name
+    saved = [n for n in load_file(str(tmp_path / "checkpoint.safetensors")) if n.startswith("param.")]
+    assert len(saved) == len(run.armt.adapter_tensors())  # the checkpoint holds the adapter, nothing more
+
+
+def test_gradient_checkpointing_and_truncation():
+    """Recomputing segments gives the same gradients; truncated BPTT cuts the gradient of early writes."""
+    config = tiny_config(steps=1, segments=(3,), needle_segment="first", needle="random")
+    stage = config.stages[0]
+    batch = TokenRecall(VOCAB).batch(random.Random(0), stage, 4, 3)
+    grads = []
+    for variant in (stage, replace(stage, checkpointing=True), replace(stage, bptt=1)):
+        armt = build_armt(tiny_llama(), config)
+        torch.manual_seed(1)
+        with torch.no_grad():  # a trained memory: with W_V = 0 early writes carry no gradient at all
+            for memory in armt.memories.values():
+                memory.W_V.weight.normal_(0, 0.1)
+        loss, _ = forward_loss(armt, batch, variant, 16)
+        loss.backward()
+        grads.append(armt.write_embeddings.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+    assert not torch.allclose(grads[0], grads[2])
+
+
+def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
+    config = load_config(SHIPPED_CONFIG)
+    assert config.model == "smollm2-135m-instruct" and config.stages[0].task == "lm"
+    assert [s.segment_len for s in config.stages][-1] == 128
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
+    )
+    with pytest.raises(EdgememError, match="unknown training option"):
+        load_config(bad)
+    bad.write_text('model = "x"\n[[stage]]\nname = "a"\ntask = "poetry"\nsteps = 1\nsegment_len = 8\n')
+    with pytest.raises(EdgememError, match="unknown task"):
+        load_config(bad)
+    bad.write_text("model = [")
+    with pytest.raises(EdgememError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_cli_train_errors_are_one_line(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "edgemem.cli",
+            "train",
+            str(tmp_path / "missing.toml"),
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: training config {tmp_path / 'missing.toml'} does not exist"
+    ]
+
+
+@pytest.fixture(scope="module")
+def prose_tasks():
+    from edgemem.models import load_tokenizer
+
+    tokenizer = load_tokenizer()
+    text = "\n\n".join(
+        p.read_text() for p in sorted(Path("/usr/share/common-licenses").glob("*")) if p.is_file()
+    )
+    stream = torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.int32)
+    return ProseTasks(tokenizer, stream)
+
+
+def test_recall_items_match_the_evaluation_prompt(prose_tasks):
+    """A recall item writes the needle into the asked segment of real prose; the answer segment is
+    the chat prompt `edgemem ask` builds (tail + question) plus the niah answer prefix; the loss
+    sits on the answer digits and the end of turn only."""
+    from edgemem.methods import chat_prompt
+
+    tok = prose_tasks.tokenizer
+    stage = Stage(
+        name="r",
+        task="recall",
+        steps=1,
+        segment_len=64,
+        segments=(3,),
+        needle="end",
+        needle_segment="last",
+        tail=8,
+        batch_size=2,
+    )
+    rng = step_rng(0, 0, "t")
+    doc, prompt, answer = prose_tasks.recall_item(rng, stage, 64, 3)
+    written = tok.decode(doc[128:192])
+    match = next(m for m in [__import__("re").search(r"magic numbers for (\S+) is: (\d{7})\.", written)] if m)
+    key, value = match.groups()
+    assert written.rstrip().endswith(NEEDLE.format(key, value))
+    assert 1 <= len(doc) - 192 <= 8
+    assert prompt == chat_prompt(
+        tok,
+        doc[192:],
+        f"What is the special magic number for {key} mentioned in the provided text?",
+        ANSWER_PREFIX.format(key),
+    )
+    assert tok.decode(answer, skip_special_tokens=True).strip() == f"{value}."
+    batch = prose_tasks.batch("recall", step_rng(0, 1, "t"), stage, 64, 3)
+    assert batch.written.shape == (2, 192)
+    for row in range(2):
+        scored = batch.targets[row][batch.targets[row] != -100].tolist()
+        assert tok.decode(scored, skip_special_tokens=True).strip().rstrip(".").isdigit()
