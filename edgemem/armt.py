@@ -330,7 +330,28 @@ def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
         config = ARMTConfig.from_json(meta["config"])
     except (ValueError, TypeError, KeyError) as exc:
         raise EdgememError(f"adapter {path} has an invalid memory config: {exc}") from exc
+    if problem := _config_problem(config):
+        raise EdgememError(f"adapter {path} has an invalid memory config: {problem}")
+    for name, tensor in tensors.items():
+        if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
+            raise EdgememError(f"adapter {path}: tensor {name} is not finite floating point")
     return config, tensors
+
+
+def _config_problem(config: ARMTConfig) -> str | None:
+    """What makes an adapter's config unusable (a forged or damaged file), or None."""
+
+    def whole(value: object, low: int, high: int) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+    layers = config.memory_layers
+    if not layers or not all(whole(i, 0, 4096) for i in layers) or len(set(layers)) != len(layers):
+        return f"memory_layers {list(layers)[:8]!r}"
+    limits = {"segment_len": (16, 1 << 16), "num_write_tokens": (1, 1024), "d_mem": (1, 4096), "nu": (1, 16)}
+    for name, (low, high) in limits.items():
+        if not whole(getattr(config, name), low, high):
+            return f"{name} {getattr(config, name)!r} is not a whole number from {low} to {high}"
+    return None
 
 
 # ----- the segment driver -----

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -135,11 +136,21 @@ def check_gguf(path: Path) -> None:
     """Refuse files that are not GGUF before handing them to a parser."""
     try:
         with open(path, "rb") as handle:
-            magic = handle.read(4)
+            header = handle.read(24)
     except OSError as exc:
         raise EdgememError(f"cannot read model file {path}: {exc.strerror}") from exc
+    magic = header[:4]
     if magic != GGUF_MAGIC:
         raise EdgememError(f"{path} is not a GGUF file (bad magic {magic!r})")
+    # The header's counts must fit in the file (a forged count would make a parser loop or
+    # allocate for nothing): a tensor's description takes at least 24 bytes, a key-value 12.
+    size = path.stat().st_size
+    version, tensors, kvs = struct.unpack("<IQQ", header[4:24]) if len(header) >= 24 else (0, 0, 0)
+    if version not in (2, 3) or 24 + 24 * tensors + 12 * kvs > size:
+        raise EdgememError(
+            f"cannot load GGUF {path}: damaged header (version {version}, {tensors} tensors, {kvs} keys"
+            f" in {size:,} bytes)"
+        )
 
 
 def _cache_folder(gguf: Path) -> Path:
