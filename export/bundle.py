@@ -8,6 +8,7 @@ A bundle is a folder:
                            -> logits [1, V] of the last position, present key/values [1, H, P+T, hd]
                            (read only; P = 0 is the prefill of the question segment, T = 1 a decode step)
     tokenizer/             the tokenizer files (tokenizer.json, its config, the chat template)
+    tensorrt/              serialized TensorRT engines of both graphs (`--to tensorrt` only)
 
 This module imports neither torch nor onnxruntime: a bundle can be read and checked anywhere.
 Every path in a manifest is relative and must stay inside the bundle.
@@ -67,6 +68,8 @@ class Manifest:
     tokenizer_files: list[str]
     opset: int
     quantization: str | None = None
+    tensorrt: dict[str, str] = field(default_factory=dict)  # graph -> serialized engine (plan) path
+    tensorrt_target: str | None = None  # the compute capability the plans were built for (None: this GPU)
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     format: str = FORMAT
@@ -139,6 +142,9 @@ def read_manifest(root: str | Path, verify: bool = False) -> Manifest:
     for relative in manifest.tokenizer_files:
         if not inside(root, relative).is_file():
             raise EdgememError(f"bundle {root}: tokenizer file {relative} is missing")
+    for graph, relative in manifest.tensorrt.items():
+        if not inside(root, relative).is_file():
+            raise EdgememError(f"bundle {root}: TensorRT engine {relative} of {graph} is missing")
     return manifest
 
 

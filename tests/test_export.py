@@ -318,3 +318,37 @@ def test_importing_the_runtime_loads_neither_torch_nor_onnxruntime():
         text=True,
     )
     assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+def test_tensorrt_engines_build_from_the_bundle_without_a_gpu(tiny, tmp_path):
+    """The build path, up to the GPU boundary: TensorRT(-RTX) parses both graphs, builds a plan for
+    each (for a named compute capability when there is no GPU) and the manifest lists them."""
+    from edgemem.export.tensorrt import build_engines, tensorrt_module
+
+    if tensorrt_module() is None:
+        pytest.skip("no TensorRT module (pip install tensorrt-rtx-cu13)")
+    copy = tmp_path / "trt"
+    shutil.copytree(tiny["bundle"], copy)
+    plans = build_engines(copy)
+    manifest = read_manifest(copy)
+    assert (
+        manifest.tensorrt
+        == plans
+        == {
+            "segment_step": "tensorrt/segment_step.plan",
+            "answer": "tensorrt/answer.plan",
+        }
+    )
+    assert all((copy / p).stat().st_size > 100_000 for p in plans.values())
+    assert manifest.tensorrt_target == (None if torch.cuda.is_available() else "SM89")
+    (copy / plans["answer"]).unlink()
+    with pytest.raises(EdgememError, match="TensorRT engine tensorrt/answer.plan of answer is missing"):
+        read_manifest(copy)
+
+
+def test_export_to_tensorrt_without_tensorrt_is_one_line(tmp_path, monkeypatch):
+    import edgemem.export.tensorrt as trt_export
+
+    monkeypatch.setattr(trt_export, "tensorrt_module", lambda: None)
+    result = run("export", "--to", "tensorrt", "--out", tmp_path / "e")
+    assert_one_line_error(result, "TensorRT is not installed")
