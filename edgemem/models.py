@@ -280,7 +280,24 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = No
             model, tokenizer = _load_folder(folder, dtype)
         content_id = json.loads((folder / "edgemem.json").read_text())["sha256"]
     model.eval()
+    check_chat_template(tokenizer, source)
     return LoadedModel(name, f"{name}@{content_id[:16]}", model, tokenizer, dtype)
+
+
+def check_chat_template(tokenizer: object, source: Path) -> None:
+    """A model's chat template is code from its file: transformers renders it in Jinja's
+    ImmutableSandboxedEnvironment (no attribute escapes, no mutation, bounded ranges). Render it
+    once at load, so that a template the sandbox refuses, or a broken one, is one clear error here
+    rather than a traceback in the middle of an answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        return
+    try:
+        tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": "ping"}], tokenize=False, add_generation_prompt=True
+        )
+    except Exception as exc:  # jinja2's SecurityError, TemplateError, or what the template raises
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise EdgememError(f"{source}: the model's chat template cannot be used ({detail})") from exc
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> object:
