@@ -49,6 +49,10 @@ def export_cmd(
         str | None, typer.Option("--quantize", help="int8: dynamic int8 weights (ONNX Runtime, CPU).")
     ] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing bundle.")] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option("--from", help="With --quantize: quantize this float32 bundle (no re-export)."),
+    ] = None,
 ) -> None:
     """Export the model with its memory into an engine bundle (ONNX graphs, manifest, tokenizer)."""
     if to not in TARGETS:
@@ -60,6 +64,15 @@ def export_cmd(
     out = out.expanduser()
     if out.exists() and not force:
         raise EdgememError(f"{out} exists; choose another --out or pass --force to replace it")
+    if source is not None:
+        if quantize is None or to != "onnx":
+            raise EdgememError("--from BUNDLE makes a quantized copy: give --quantize int8 (and no --to)")
+        from edgemem.export.quantize import quantize_bundle
+
+        with err.status(f"quantizing {source} to {quantize}..."):
+            manifest = quantize_bundle(source, out, force=force)
+        _report(out, manifest)
+        return
     if to == "tensorrt":
         from edgemem.export.tensorrt import require_tensorrt
 
@@ -91,6 +104,10 @@ def export_cmd(
 
             status.update("building TensorRT engines...")
             build_engines(out, log=lambda message: status.update(message))
+    _report(out, manifest)
+
+
+def _report(out: Path, manifest) -> None:
     for name, spec in manifest.graphs.items():
         err.print(f"  {name}: {spec.file} ({_mb(spec.size)})", markup=False)
     quant = f", {manifest.quantization}" if manifest.quantization else ""

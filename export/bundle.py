@@ -179,6 +179,7 @@ def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write manifest.json atomically (temporary file, fsync, rename)."""
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=root)
     try:
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "w") as handle:
             handle.write(manifest.to_json())
             handle.flush()

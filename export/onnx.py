@@ -201,6 +201,7 @@ def export_bundle(
         raise EdgememError("export needs the model in float32")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    tmp.chmod(0o755)
     try:
         log("exporting the segment step graph...")
         step = export_step(armt, tmp / f"{STEP_GRAPH}.onnx")

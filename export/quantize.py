@@ -9,6 +9,7 @@ on every node. Imports neither torch nor transformers.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import tempfile
@@ -38,6 +39,9 @@ def quantize_graph(path: Path) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     out = path.with_name(f".{path.name}.int8")
+    root_logger = logging.getLogger()
+    level = root_logger.level
+    root_logger.setLevel(logging.ERROR)  # quantize_dynamic logs a pre-processing hint on the root logger
     try:
         quantize_dynamic(
             str(path),
@@ -49,6 +53,7 @@ def quantize_graph(path: Path) -> None:
         )
         os.replace(out, path)
     finally:
+        root_logger.setLevel(level)
         if out.exists():
             out.unlink()
 
@@ -73,6 +78,7 @@ def quantize_bundle(src: str | Path, out: str | Path, force: bool = False) -> Ma
         raise EdgememError(f"{out} exists; choose another --out or pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=out.parent))
+    tmp.chmod(0o755)
     try:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         graphs = quantize_graphs(tmp, manifest.graphs)

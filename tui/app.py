@@ -270,11 +270,11 @@ class EdgememApp(App[None]):
     def _model_ready(self, assistant: Assistant) -> None:
         self.assistant = assistant
         self.model_status = "ready"
-        self.sub_title = assistant.loaded.name
+        self.sub_title = assistant.name
         if not assistant.trained:
             self.notify(
-                f"the memory is untrained (no adapter for {assistant.loaded.name}): answers only see the "
-                f"last {assistant.armt.config.segment_len} tokens of a document",
+                f"the memory is untrained (no adapter for {assistant.name}): answers only see the "
+                f"last {assistant.runtime.config.segment_len} tokens of a document",
                 severity="warning",
                 timeout=8,
             )
@@ -292,7 +292,7 @@ class EdgememApp(App[None]):
 
     def _model_key(self) -> tuple[str, str] | None:
         a = self.assistant
-        return (a.loaded.model_id, a.adapter_hash) if a is not None else None
+        return (a.runtime.model_id, a.adapter_hash) if a is not None else None
 
     def _current_record(self, entry: Entry) -> Record | None:
         """The entry's stored state for the loaded model (the newest of any before it loads)."""
@@ -714,7 +714,7 @@ class EdgememApp(App[None]):
         text, stopped = "", False
         try:
             with Library() as library:
-                doc = library.load(record, assistant.armt.state_shapes())
+                doc = library.load(record, assistant.runtime.state_shapes())
             pieces = assistant.ask(
                 doc, question, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature
             )
