@@ -108,11 +108,13 @@ def test_variable_chain_is_in_the_text_in_order(builder):
     assert positions == sorted(positions)
 
 
-def test_docqa_blank_is_filled_by_the_gold_word_from_one_passage(builder):
+def test_docqa_quote_continues_with_the_gold_word_from_one_passage(builder):
     for index in range(4):
         item = _one(builder, "docqa", 2048, index, 10)
-        sentence = re.search(r'sentence from the text above: "(.*)"\?', item.question).group(1)
-        filled = sentence.replace("____", item.answers[0])
+        quote = re.search(r'what comes after "(.*)"\?$', item.question).group(1)
+        assert item.answer_prefix == f"The text says: {quote}"
+        filled = f"{quote} {item.answers[0]}"
+        assert len(quote.split()) >= 5
         assert filled in " ".join(item.context.split())
         assert filled in " ".join(item.passage.split())
         assert len(re.findall(rf"\b{item.answers[0].lower()}\b", item.context.lower())) == 1
