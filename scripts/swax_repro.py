@@ -1,16 +1,17 @@
 """SWAX at CPU scale: fixed short, fixed long and stochastic windows, several seeds, one thread.
 
     OMP_WAIT_POLICY=PASSIVE nice -n 10 python scripts/swax_repro.py run      # train + evaluate, resumable
-    python scripts/swax_repro.py report                                       # table + plot from the results
+    python scripts/swax_repro.py cross      # bits per byte of every finished model with both windows
+    python scripts/swax_repro.py report     # table + plot from the results
 
 `run` trains every (schedule, seed) pair in order seed by seed, each in its own folder under
 --workdir (a safetensors checkpoint every 100 steps and a JSONL log; the same command run again
 continues where it stopped), evaluates it, and appends one JSON line per finished pair to
-docs/swax_repro.jsonl; then it runs `report`. `report` writes the table between the
+docs/swax_repro.jsonl; then it runs `cross` and `report`. `report` writes the table between the
 `swax-table` markers of docs/RESULTS.md and the plot docs/swax_repro.png.
 
 Setting (see docs/RESULTS.md): byte vocabulary (256), real prose (train split of linux-doc,
-python-doc, gnu-manuals) with niah items mixed in, sequence length L = 256, windows L/16 = 16 and
+python-doc, gnu-manuals), every training sequence a niah item, sequence length L = 256, windows L/16 = 16 and
 L/2 = 128; niah accuracy at L..16L on test-split prose, bits per byte on validation-split prose.
 """
 
@@ -170,6 +171,7 @@ def run(args: argparse.Namespace) -> None:
                 json.dumps({k: result[k] for k in ("schedule", "seed", "niah", "bpb", "eval_s")}), flush=True
             )
     if args.results == RESULTS:
+        cross(args)
         report(args)
 
 
@@ -204,6 +206,28 @@ def _mean_sd(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
     return f"{m:.{digits}f} ± {sd:.{digits}f}"
 
 
+def cross(args: argparse.Namespace) -> None:
+    """Bits per byte of every finished model with both windows (16 and 128), whatever it ended
+    training with: appended to docs/swax_repro_bpb.jsonl, read by `report`."""
+    torch.set_num_threads(1)
+    out = args.results.with_name(args.results.stem + "_bpb.jsonl")
+    have = {(r["schedule"], r["seed"], r["steps"], r["recurrent"]) for r in read_jsonl(out)}
+    valid = ByteStream(texts("validation", 2_000_000))
+    for r in _rows(args.results, args.steps or TRAIN.steps, args.recurrent):
+        if (r["schedule"], r["seed"], r["steps"], args.recurrent) in have:
+            continue
+        model = new_model(SwaxConfig(**r["model"]), 0)
+        load_checkpoint(Path(r["checkpoint"]), model)
+        model.eval()
+        gen = torch.Generator().manual_seed(7)  # the same sequences as `evaluate`
+        seqs = [valid.window(L + 1, gen) for _ in range(PPL_SEQS)]
+        bpb = {str(w): bits_per_byte(model, seqs, w) for w in (SHORT, LONG)}
+        rec = {"schedule": r["schedule"], "seed": r["seed"], "steps": r["steps"], "recurrent": args.recurrent}
+        rec.update(bpb=bpb, date=dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"))
+        append_jsonl(out, rec)
+        print(json.dumps(rec), flush=True)
+
+
 def report(args: argparse.Namespace) -> None:
     rows = _rows(args.results, args.steps or TRAIN.steps, args.recurrent)
     if not rows:
@@ -232,6 +256,19 @@ def report(args: argparse.Namespace) -> None:
             + " |"
         )
     lines += ["", "Share of answer digits right (teacher forcing; chance is about 10%):", "", *digits]
+    bpb_rows = [
+        r
+        for r in read_jsonl(args.results.with_name(args.results.stem + "_bpb.jsonl"))
+        if r["steps"] == (args.steps or TRAIN.steps) and r["recurrent"] == args.recurrent
+    ]
+    if bpb_rows:
+        lines += ["", "Bits per byte with either window (`python scripts/swax_repro.py cross`):", ""]
+        lines += [f"| schedule | seeds | W = {SHORT} | W = {LONG} |", "|---|---|---|---|"]
+        for name in names:
+            rs = [r for r in bpb_rows if r["schedule"] == name]
+            if rs:
+                cells = [_mean_sd([r["bpb"][str(w)] for r in rs], 1, 3) for w in (SHORT, LONG)]
+                lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) + " |")
     r0 = rows[0]
     kind = "mLSTM" if args.recurrent == "mlstm" else "Gated DeltaNet"
     suffix = "" if args.recurrent == "mlstm" else f"-{args.recurrent}"
@@ -297,7 +334,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("command", choices=["run", "report"])
+    parser.add_argument("command", choices=["run", "report", "cross"])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--schedules", nargs="+", default=list(SCHEDULES), choices=list(SCHEDULES))
     parser.add_argument(
@@ -309,7 +346,7 @@ def main() -> None:
         "--results", type=Path, default=RESULTS, help="JSONL of finished runs (the report reads it)"
     )
     args = parser.parse_args()
-    run(args) if args.command == "run" else report(args)
+    {"run": run, "report": report, "cross": cross}[args.command](args)
 
 
 if __name__ == "__main__":
