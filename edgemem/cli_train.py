@@ -5,6 +5,7 @@ Registered on the main app in edgemem/cli.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -25,6 +26,9 @@ def train_cmd(
         int | None, typer.Option("--max-steps", min=1, help="Stop after this many more steps.")
     ] = None,
     plot: Annotated[bool, typer.Option("--plot", help="Only draw RUN/curves.png from the log.")] = False,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="Torch threads (overrides the config).")
+    ] = None,
 ) -> None:
     """Train the memory adapter; the same command again resumes from the last checkpoint.
 
@@ -40,6 +44,8 @@ def train_cmd(
     if config is None:
         raise EdgememError("usage: edgemem train CONFIG --out RUN_FOLDER (or --plot --out RUN_FOLDER)")
     cfg = load_config(config)
+    if threads is not None:
+        cfg = replace(cfg, threads=threads)
     step = run_config(cfg, out, max_steps, log=lambda line: err.print(line, markup=False))
     err.print(f"step {step} of {cfg.total_steps}; adapter: {out / 'adapter.safetensors'}", markup=False)
     draw(out)

@@ -83,6 +83,25 @@ class RunReport:
     correct: int
 
 
+def fix_mmap_threshold(threshold: int = 128 * 1024) -> bool:
+    """Pin glibc's mmap threshold so freed large tensors go back to the OS at once.
+
+    glibc raises the threshold dynamically after large frees; a long run then keeps freed
+    activations in the heap and its peak RSS measures the allocator, not the method
+    (scripts/armt_eval_rss.py: 2.47 GB -> 1.15 GB on a 16k armt item). Same effect as
+    MALLOC_MMAP_THRESHOLD_=131072. Returns False where there is no glibc.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        return bool(libc and libc.mallopt(-3, threshold))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        return False
+
+
 def run(
     task: str,
     lengths: list[int],
@@ -99,6 +118,7 @@ def run(
     from edgemem import methods
     from edgemem.models import load_tokenizer
 
+    fix_mmap_threshold()
     label = method_label(method, engine)
     path = results_file(results, model, task, label)
     done = _done_ids(path)

@@ -543,6 +543,15 @@ class Run:
     extra_meta: dict[str, str] = field(default_factory=dict)
 
 
+OPERATIONAL = ("threads", "checkpoint_every", "eval_every", "eval_items", "eval_segments")
+
+
+def _defining(config: dict) -> dict:
+    """The part of a config that defines the training itself: a run may resume with other
+    threads or another checkpoint/evaluation cadence."""
+    return {k: v for k, v in config.items() if k not in OPERATIONAL}
+
+
 def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
     import torch.distributed as dist
 
@@ -563,10 +572,12 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
     step = 0
     if ckpt.is_file():
         step, saved = load_checkpoint(ckpt, armt, optimizer)
-        if saved and json.loads(saved) != json.loads(config.to_json()):
+        if saved and _defining(json.loads(saved)) != _defining(json.loads(config.to_json())):
             raise EdgememError(f"{out} holds a run with another config: use a new folder or delete it")
         run.log(f"resumed at step {step}")
     log_path = out / "log.jsonl"
+    if run.rank == 0 and log_path.is_file():
+        _truncate_log(log_path, step)
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
     while step < stop_at:
         stage, local = config.stage_at(step)
@@ -644,6 +655,16 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
                 f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s"
             )
     return step
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop the records of steps after the checkpoint (they will run again), atomically."""
+    steps, evals = read_log(path)
+    keep = [r for r in steps + evals if r["step"] <= step]
+    keep.sort(key=lambda r: (r["step"], "eval_exact" in r))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)
 
 
 def _append(path: Path, record: dict) -> None:

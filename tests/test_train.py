@@ -90,27 +90,34 @@ def test_tiny_model_learns_two_segment_recall(tmp_path):
 
 
 def test_resumed_run_continues_bit_for_bit(tmp_path):
-    """3 steps, stop, resume for 3 more: the same parameters and losses as 6 steps in one go."""
+    """Killed after step 4 with the checkpoint of step 3: the resumed run drops the logged step 4,
+    runs it again, and ends with the parameters and losses of 6 steps in one go."""
     config = tiny_config(steps=6)
     straight = tiny_run(config, tmp_path / "a")
     train(config, straight)
-    first = tiny_run(config, tmp_path / "b")
-    assert train(config, first, max_steps=3) == 3
-    resumed = tiny_run(config, tmp_path / "b")  # a fresh process: a new model, the checkpoint on disk
+    run_dir = tmp_path / "b"
+    assert train(config, tiny_run(config, run_dir), max_steps=3) == 3
+    saved = (run_dir / "checkpoint.safetensors").read_bytes()
+    assert train(config, tiny_run(config, run_dir), max_steps=1) == 4
+    (run_dir / "checkpoint.safetensors").write_bytes(saved)  # the kill came before step 4's save
+    resumed = tiny_run(config, run_dir)  # a fresh process: a new model, the checkpoint on disk
     assert train(config, resumed) == 6
     for (name, a), (_, b) in zip(
         straight.armt.named_parameters(), resumed.armt.named_parameters(), strict=True
     ):
         assert torch.equal(a, b), name
-    losses = [[r["loss"] for r in read_log(p / "log.jsonl")[0]] for p in (tmp_path / "a", tmp_path / "b")]
-    assert losses[0] == losses[1]
+    logs = [read_log(p / "log.jsonl")[0] for p in (tmp_path / "a", run_dir)]
+    assert [r["step"] for r in logs[1]] == [1, 2, 3, 4, 5, 6]
+    assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
 
 
-def test_checkpoint_of_another_config_is_refused(tmp_path):
+def test_checkpoint_of_another_config_is_refused_but_threads_may_change(tmp_path):
     train(tiny_config(steps=3), tiny_run(tiny_config(steps=3), tmp_path))
     other = tiny_config(steps=3, lr=1e-2)
     with pytest.raises(EdgememError, match="another config"):
         train(other, tiny_run(other, tmp_path))
+    cadence = replace(tiny_config(steps=3), threads=1, eval_every=2)  # how it runs, not what it learns
+    assert train(cadence, tiny_run(cadence, tmp_path)) == 3
 
 
 def test_two_process_gloo_matches_one_process(tmp_path):
