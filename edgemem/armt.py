@@ -62,6 +62,8 @@ class ARMTConfig:
     num_write_tokens: int = 16
     d_mem: int = 64
     nu: int = 3
+    lora_rank: int = 0  # > 0: low-rank adapters on every decoder layer's projections (LORA_TARGETS)
+    lora_alpha: float = 16.0
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -70,7 +72,12 @@ class ARMTConfig:
         return cls(**overrides)  # type: ignore[arg-type]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        """JSON of the config; without LoRA the LoRA fields are left out, so adapters and stored
+        states keyed by the config keep the hashes they had before LoRA existed."""
+        data = asdict(self)
+        if not self.lora_rank:
+            del data["lora_rank"], data["lora_alpha"]
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ARMTConfig:
@@ -151,6 +158,39 @@ class MemoryLayer(nn.Module):
         return out
 
 
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update: y = W x + (alpha / r) B A x.
+
+    A [r, in] is random, B [out, r] starts at zero, so a fresh LoRA changes nothing. Holds a
+    reference to the original layer (no copy of base weights). The update runs in float32.
+    """
+
+    def __init__(self, linear: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.linear = linear
+        self.scale = alpha / rank
+        self.A = nn.Parameter(torch.randn(rank, linear.in_features) / linear.in_features**0.5)
+        self.B = nn.Parameter(torch.zeros(linear.out_features, rank))
+
+    def forward(self, x: Tensor) -> Tensor:
+        update = (x.float() @ self.A.t()) @ self.B.t()
+        return self.linear(x) + (self.scale * update).to(x.dtype)
+
+
+def _lora_sites(layer: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent module, attribute) of every LoRA target inside one decoder layer, in a fixed order."""
+    sites = []
+    for module in layer.modules():
+        for attr in LORA_TARGETS:
+            child = getattr(module, attr, None)
+            if isinstance(child, nn.Linear | LoRALinear) and attr in dict(module.named_children()):
+                sites.append((module, attr))
+    return sites
+
+
 def _decoder_layers(base: nn.Module) -> nn.ModuleList:
     layers = getattr(getattr(base, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList):
@@ -187,6 +227,19 @@ class ARMT(nn.Module):
         for j, layer in enumerate(layers):  # a base model serves one ARMT at a time: the newest
             if isinstance(layer, MemoryLayer):
                 layers[j] = layer.layer
+            for parent, attr in _lora_sites(layers[j]):
+                child = getattr(parent, attr)
+                if isinstance(child, LoRALinear):
+                    setattr(parent, attr, child.linear)
+        self.lora = nn.ModuleDict()
+        if config.lora_rank:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed + 1)
+                for j, layer in enumerate(layers):
+                    for parent, attr in _lora_sites(layer):
+                        wrapped = LoRALinear(getattr(parent, attr), config.lora_rank, config.lora_alpha)
+                        setattr(parent, attr, wrapped)
+                        self.lora[f"{j}_{attr}"] = wrapped
         for i in config.memory_layers:
             layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i)
 
@@ -262,9 +315,17 @@ class ARMT(nn.Module):
 
     # ----- the adapter (memory parameters) -----
 
+    def adapter_parameters(self) -> list[nn.Parameter]:
+        """What training changes: the memories, the write embeddings and the LoRA matrices."""
+        lora = [p for m in self.lora.values() for p in (m.A, m.B)]
+        return [*self.memories.parameters(), self.write_embeddings, *lora]
+
     def adapter_tensors(self) -> dict[str, Tensor]:
         tensors = {f"memory.{k}": v.detach().contiguous() for k, v in self.memories.state_dict().items()}
         tensors["write_embeddings"] = self.write_embeddings.detach().contiguous()
+        for name, module in self.lora.items():
+            tensors[f"lora.{name}.A"] = module.A.detach().contiguous()
+            tensors[f"lora.{name}.B"] = module.B.detach().contiguous()
         return tensors
 
     def load_adapter_tensors(self, tensors: dict[str, Tensor]) -> None:
@@ -285,6 +346,9 @@ class ARMT(nn.Module):
             self.memories.load_state_dict(
                 {k[len("memory.") :]: v for k, v in tensors.items() if k.startswith("memory.")}
             )
+            for name, module in self.lora.items():
+                module.A.copy_(tensors[f"lora.{name}.A"])
+                module.B.copy_(tensors[f"lora.{name}.B"])
 
     def adapter_bytes(self, metadata: dict[str, str] | None = None) -> bytes:
         meta = {"format": ADAPTER_FORMAT, "config": self.config.to_json(), **(metadata or {})}
@@ -299,8 +363,11 @@ class ARMT(nn.Module):
         return digest.hexdigest()
 
     def is_trained(self) -> bool:
-        """An untrained memory has W_V == 0 everywhere and therefore always reads zeros."""
-        return any(bool(m.W_V.weight.abs().sum() > 0) for m in self.memories.values())
+        """An untrained memory has W_V == 0 everywhere and therefore always reads zeros (and an
+        untrained LoRA has B == 0)."""
+        return any(bool(m.W_V.weight.abs().sum() > 0) for m in self.memories.values()) or any(
+            bool(m.B.abs().sum() > 0) for m in self.lora.values()
+        )
 
 
 def save_adapter(armt: ARMT, path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -347,10 +414,15 @@ def _config_problem(config: ARMTConfig) -> str | None:
     layers = config.memory_layers
     if not layers or not all(whole(i, 0, 4096) for i in layers) or len(set(layers)) != len(layers):
         return f"memory_layers {list(layers)[:8]!r}"
-    limits = {"segment_len": (16, 1 << 16), "num_write_tokens": (1, 1024), "d_mem": (1, 4096), "nu": (1, 16)}
+    limits = {"segment_len": (1, 1 << 16), "num_write_tokens": (1, 1024), "d_mem": (1, 4096), "nu": (1, 16)}
     for name, (low, high) in limits.items():
         if not whole(getattr(config, name), low, high):
             return f"{name} {getattr(config, name)!r} is not a whole number from {low} to {high}"
+    if not whole(config.lora_rank, 0, 1024):
+        return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
+    alpha = config.lora_alpha
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1e6:
+        return f"lora_alpha {alpha!r} is not a positive number"
     return None
 
 

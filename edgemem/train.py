@@ -103,7 +103,9 @@ class TrainConfig:
     model: str
     stages: tuple[Stage, ...]
     memory_layers: tuple[int, ...] = ()  # empty: the default ~20% of the layers
-    backbone: str = "frozen"  # "frozen": only the adapter trains; "full": everything (tiny models)
+    backbone: str = "frozen"  # "frozen": the memory trains; "lora": and low-rank adapters; "full": all
+    lora_rank: int = 16  # with backbone = "lora"
+    lora_alpha: float = 16.0
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -116,8 +118,8 @@ class TrainConfig:
     corpus_tokens: int = 2_000_000  # how much of the train split to tokenize for the haystacks
 
     def __post_init__(self) -> None:
-        if self.backbone not in ("frozen", "full"):
-            raise EdgememError(f"backbone must be 'frozen' or 'full', not {self.backbone!r}")
+        if self.backbone not in ("frozen", "lora", "full"):
+            raise EdgememError(f"backbone must be 'frozen', 'lora' or 'full', not {self.backbone!r}")
         if not self.stages:
             raise EdgememError("a training config needs at least one stage")
 
@@ -546,10 +548,12 @@ class Run:
 OPERATIONAL = ("threads", "checkpoint_every", "eval_every", "eval_items", "eval_segments")
 
 
-def _defining(config: dict) -> dict:
+def _defining(config_json: str) -> dict:
     """The part of a config that defines the training itself: a run may resume with other
-    threads or another checkpoint/evaluation cadence."""
-    return {k: v for k, v in config.items() if k not in OPERATIONAL}
+    threads or another checkpoint/evaluation cadence. Options added to edgemem since the run
+    started take their defaults."""
+    data = json.loads(TrainConfig.from_dict(json.loads(config_json)).to_json())
+    return {k: v for k, v in data.items() if k not in OPERATIONAL}
 
 
 def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
@@ -572,7 +576,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
     step = 0
     if ckpt.is_file():
         step, saved = load_checkpoint(ckpt, armt, optimizer)
-        if saved and _defining(json.loads(saved)) != _defining(json.loads(config.to_json())):
+        if saved and _defining(saved) != _defining(config.to_json()):
             raise EdgememError(f"{out} holds a run with another config: use a new folder or delete it")
         run.log(f"resumed at step {step}")
     log_path = out / "log.jsonl"
@@ -630,7 +634,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
         last = step == stop_at
         if run.rank == 0 and (step % config.checkpoint_every == 0 or last):
             save_checkpoint(ckpt, armt, optimizer, step, config.to_json())
-            if config.backbone == "frozen":  # a fully trained backbone is not an adapter
+            if config.backbone != "full":  # a fully trained backbone is not an adapter
                 meta = {"train_steps": str(step), "train_config": config.to_json(), **run.extra_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
         if (
@@ -676,7 +680,8 @@ def _append(path: Path, record: dict) -> None:
 
 
 def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
-    """The model to train: a frozen base with fresh memory (only memory and write tokens train)."""
+    """The model to train: a frozen base with fresh memory (and fresh LoRA matrices with
+    backbone = "lora"); only the adapter's parameters train, or everything with "full"."""
     layers = base.config.num_hidden_layers
     overrides: dict[str, object] = {
         "segment_len": config.stages[-1].segment_len,
@@ -685,17 +690,14 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
     }
     if config.memory_layers:
         overrides["memory_layers"] = config.memory_layers
+    if config.backbone == "lora":
+        overrides.update(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     armt = ARMT(base, ARMTConfig.for_model(layers, **overrides), seed=config.seed)
-    for p in armt.parameters():  # the memories sit inside the base's layer list: freeze, then thaw
+    for p in armt.parameters():  # the adapter sits inside the base's layers: freeze all, then thaw
         p.requires_grad_(config.backbone == "full")
-    for p in trainable_memory(armt):
+    for p in armt.adapter_parameters():
         p.requires_grad_(True)
     return armt
-
-
-def trainable_memory(armt: ARMT) -> list[torch.nn.Parameter]:
-    """The adapter's parameters: every memory's W_Q, W_K, W_V, W_b and the write embeddings."""
-    return [*armt.memories.parameters(), armt.write_embeddings]
 
 
 # ----- a real run: model, corpora, processes -----

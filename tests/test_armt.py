@@ -184,3 +184,47 @@ def test_adapter_round_trip(tmp_path):
 
 def test_fresh_adapter_is_deterministic():
     assert make("llama").adapter_hash() == make("llama").adapter_hash()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_fresh_lora_changes_nothing_and_round_trips(arch, tmp_path):
+    """LoRA wraps every projection of every layer; with B = 0 the model is the base model; the
+    matrices travel in the adapter file and a new ARMT on the same base unwraps the old ones."""
+    base = MAKERS[arch]()
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        expected = MAKERS[arch]()(ids).logits  # the same random weights, never wrapped
+    config = ARMTConfig.for_model(base.config.num_hidden_layers, segment_len=12, d_mem=8, lora_rank=4)
+    armt = ARMT(base, config)
+    assert len(armt.lora) == 7 * base.config.num_hidden_layers
+    assert not armt.is_trained()
+    with torch.no_grad():
+        _, logits = armt.step(ids, armt.empty_state(2), return_logits=True)
+    torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        for module in armt.lora.values():
+            module.B.normal_(0, 0.1)
+        _, changed = armt.step(ids, armt.empty_state(2), return_logits=True)
+    assert armt.is_trained() and not torch.allclose(changed, expected, atol=1e-3)
+    save_adapter(armt, tmp_path / "a.safetensors")
+    loaded_config, tensors = read_adapter(tmp_path / "a.safetensors")
+    assert loaded_config.lora_rank == 4 and any(k.startswith("lora.") for k in tensors)
+    again = ARMT(base, loaded_config)  # replaces the first ARMT's wrappers on the same base
+    again.load_adapter_tensors(tensors)
+    assert again.adapter_hash() == armt.adapter_hash()
+    with torch.no_grad():
+        _, reloaded = again.step(ids, again.empty_state(2), return_logits=True)
+    torch.testing.assert_close(reloaded, changed)
+    plain = ARMT(base, ARMTConfig.for_model(base.config.num_hidden_layers, segment_len=12, d_mem=8))
+    with torch.no_grad():
+        _, unwrapped = plain.step(ids, plain.empty_state(2), return_logits=True)
+    torch.testing.assert_close(unwrapped, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_config_without_lora_keeps_its_json():
+    """Adapters and stored states made before LoRA existed keep their hashes."""
+    config = ARMTConfig.for_model(30)
+    assert "lora" not in config.to_json()
+    assert ARMTConfig.from_json(config.to_json()) == config
+    with_lora = ARMTConfig.for_model(30, lora_rank=8)
+    assert ARMTConfig.from_json(with_lora.to_json()) == with_lora

@@ -324,3 +324,21 @@ def test_recall_items_match_the_evaluation_prompt(prose_tasks):
     for row in range(2):
         scored = batch.targets[row][batch.targets[row] != -100].tolist()
         assert tok.decode(scored, skip_special_tokens=True).strip().rstrip(".").isdigit()
+
+
+def test_lora_backbone_trains_lora_and_memory_only(tmp_path):
+    """backbone = "lora": the LoRA matrices and the memory change, the base weights do not, and
+    the adapter file carries the LoRA matrices."""
+    config = replace(tiny_config(steps=3, backbone="lora"), lora_rank=4)
+    run = tiny_run(config, tmp_path)
+    frozen = {n: p.detach().clone() for n, p in run.armt.base.named_parameters() if not p.requires_grad}
+    assert frozen and all(".lora" not in n and ".A" not in n[-2:] for n in frozen)
+    train(config, run)
+    for name, p in run.armt.base.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]), name
+    assert any(float(m.B.abs().sum()) > 0 for m in run.armt.lora.values())
+    memory_config, tensors = read_adapter(tmp_path / "adapter.safetensors")
+    assert memory_config.lora_rank == 4 and sum(k.startswith("lora.") for k in tensors) == 2 * len(
+        run.armt.lora
+    )
