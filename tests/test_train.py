@@ -342,3 +342,18 @@ def test_lora_backbone_trains_lora_and_memory_only(tmp_path):
     assert memory_config.lora_rank == 4 and sum(k.startswith("lora.") for k in tensors) == 2 * len(
         run.armt.lora
     )
+
+
+def test_recipe_runs_on_the_gemma3_architecture(tmp_path):
+    """The same recipe trains a Gemma3 model (sliding-window and global layers): a step runs,
+    the loss is finite and the memory changes."""
+    from tiny import tiny_gemma3
+
+    config = tiny_config(steps=2, backbone="frozen", segments=(2,))
+    run = Run(build_armt(tiny_gemma3(), config), tmp_path, TokenRecall(VOCAB).batch, log=lambda _: None)
+    assert not run.armt.is_trained()
+    assert train(config, run) == 2
+    steps, _ = read_log(tmp_path / "log.jsonl")
+    assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in steps)
+    assert run.armt.is_trained()
+    assert load_config(REPO / "configs" / "train" / "gemma3-270m.toml").model == "gemma3-270m"
