@@ -202,7 +202,9 @@ def batch_shape(config: TrainConfig, step: int) -> tuple[int, int]:
     """(segment length, written segments) of global step `step`.
 
     The number of segments is sampled from the stage's list; with a stochastic segment length the
-    short one is drawn with probability p_short, except in the stage's last 10% of steps.
+    short one is drawn with probability p_short, except in the stage's last 10% of steps. A short
+    segment keeps the document's length: the number of segments grows by long / short, so both
+    lengths cost about the same tokens per step and differ only in how the text is cut.
     """
     stage, local = config.stage_at(step)
     rng = step_rng(config.seed, step, "shape")
@@ -211,6 +213,7 @@ def batch_shape(config: TrainConfig, step: int) -> tuple[int, int]:
     stochastic = stage.short_segment_len and local < stage.steps * (1 - FINAL_FRACTION)
     if stochastic and rng.random() < stage.p_short:
         length = stage.short_segment_len
+        segments = max(1, segments * stage.segment_len // length)
     return length, segments
 
 

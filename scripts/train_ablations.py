@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The training issue's two ablations, as runs of `edgemem train` that resume where they stopped.
+
+    python scripts/train_ablations.py configs          # write runs/ablations/<name>/config.toml
+    python scripts/train_ablations.py run [NAME ...]   # train them one after another (resumable)
+    python scripts/train_ablations.py table            # held-out recall at 2x and 8x the training length
+
+Every run shares one short recipe (SmolLM2-135M-Instruct, frozen backbone): the bootstrap stage,
+then one 128-token segment with the needle anywhere, then 2 written segments of 128 tokens (the
+training length L = 256 written tokens plus the tail). Recall is measured on the validation split
+at 2x and 8x L (4 and 16 segments of 128 tokens, 8 and 32 of 64), 32 items each.
+
+- Layer selection: the memory in about 20% of the layers, placed low (0-5), middle (12-17), high
+  (24-29) or spread from 40% depth (the default, 12-27), against every layer (0-29).
+- Segment length: fixed 128, fixed 64 (twice the segments: the same tokens), and stochastic
+  64/128 with p_short 0.5 and 0.75 (fixed at 128 for the last 10%); all at the same steps and
+  tokens per step (a short segment keeps the document's length), so at equal compute.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runs" / "ablations"
+
+HEADER = """model = "smollm2-135m-instruct"
+seed = 0
+threads = 2
+checkpoint_every = 10
+eval_every = 100
+eval_items = 32
+eval_segments = [{eval_at}]
+{extra}
+[[stage]]
+name = "bootstrap"
+task = "recall"
+steps = 300
+segment_len = 64
+segments = [1]
+needle = "end"
+needle_segment = "first"
+tail = 8
+warmup = 20
+
+[[stage]]
+name = "position"
+task = "recall"
+steps = 200
+segment_len = 128
+segments = [1]
+tail = 32
+
+[[stage]]
+name = "length"
+task = "recall"
+steps = 300
+segment_len = {segment_len}
+segments = [{segments}]
+lr = 5e-4
+{stochastic}"""
+
+
+def variants() -> dict[str, str]:
+    def config(extra: str = "", segment_len: int = 128, segments: int = 2, stochastic: str = "") -> str:
+        scale = 128 // segment_len  # evaluate at the same document lengths: 2x and 8x L
+        eval_at = f"{4 * scale}, {16 * scale}"
+        return HEADER.format(
+            extra=extra, segment_len=segment_len, segments=segments, stochastic=stochastic, eval_at=eval_at
+        )
+
+    out = {
+        "layers-spread": config(),
+        "layers-low": config("memory_layers = [0, 1, 2, 3, 4, 5]"),
+        "layers-middle": config("memory_layers = [12, 13, 14, 15, 16, 17]"),
+        "layers-high": config("memory_layers = [24, 25, 26, 27, 28, 29]"),
+        "layers-all": config(f"memory_layers = {list(range(30))}"),
+        "segment-fixed-64": config(segment_len=64, segments=4),
+    }
+    for p in (0.5, 0.75):
+        out[f"segment-stochastic-{p}"] = config(stochastic=f"short_segment_len = 64\np_short = {p}\n")
+    return out  # "layers-spread" doubles as "segment-fixed-128"
+
+
+def write_configs() -> dict[str, Path]:
+    paths = {}
+    for name, text in variants().items():
+        folder = OUT / name
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "config.toml"
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+        paths[name] = path
+    return paths
+
+
+def run(names: list[str]) -> None:
+    paths = write_configs()
+    for name in names or list(paths):
+        cmd = [sys.executable, "-m", "edgemem.cli", "train", str(paths[name]), "--out", str(OUT / name)]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+
+
+def table() -> None:
+    print("| run | steps | recall at 2x L (512 tokens) | recall at 8x L (2,048 tokens) |")
+    print("|---|---:|---:|---:|")
+    for name in variants():
+        log = OUT / name / "log.jsonl"
+        evals = (
+            [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
+            if log.is_file()
+            else []
+        )
+        if not evals:
+            print(f"| {name} | - | not run | not run |")
+            continue
+        last = evals[-1]
+        short, long = sorted(last["eval_exact"].items(), key=lambda kv: int(kv[0]))
+        print(f"| {name} | {last['step']} | {short[1]:.2f} | {long[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else "table"
+    if command == "configs":
+        for name, path in write_configs().items():
+            print(name, path)
+    elif command == "run":
+        run(sys.argv[2:])
+    elif command == "table":
+        table()
+    else:
+        sys.exit(__doc__)
