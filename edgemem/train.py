@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor
 
 from edgemem.armt import ARMT, ARMTConfig, MemoryState, prompt_ids, save_adapter, stop_token_ids
+from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX, NIAH_QUESTION, random_key, random_number
 from edgemem.errors import EdgememError
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
@@ -285,11 +286,6 @@ def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
     return rng.randrange(segments)
 
 
-NEEDLE = "One of the special magic numbers for {} is: {}."
-QUESTION = "What is the special magic number for {} mentioned in the provided text?"
-ANSWER_PREFIX = "The special magic number for {} mentioned in the provided text is"
-
-
 class ProseTasks:
     """Batches from real prose (a token stream of the corpora's train or validation split).
 
@@ -332,20 +328,18 @@ class ProseTasks:
     ) -> tuple[list[int], list[int], list[int]]:
         """(document ids: written segments then the tail, answer-segment prompt, answer ids)."""
         taken: set[str] = set()
-        from edgemem.data.tasks import _key, _number
-
         tail_len = rng.randint(1, stage.tail or S)
         doc = self._window(rng, S * segments + tail_len)
-        keys = [_key(rng, taken) for _ in range(stage.keys)]
-        values = [_number(rng) for _ in keys]
+        keys = [random_key(rng, taken) for _ in range(stage.keys)]
+        values = [random_number(rng) for _ in keys]
         for key, value in zip(keys, values, strict=True):
-            needle = self._ids(" " + NEEDLE.format(key, value))[: S - 1]
+            needle = self._ids(" " + NIAH_NEEDLE.format(key, value))[: S - 1]
             seg = _needle_segment(rng, stage, segments)
             pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
             doc[seg * S + pos : seg * S + pos + len(needle)] = needle
         tail = doc[S * segments :]
-        prompt = prompt_ids(self.tokenizer, tail, QUESTION.format(keys[0])) + self._ids(
-            ANSWER_PREFIX.format(keys[0])
+        prompt = prompt_ids(self.tokenizer, tail, NIAH_QUESTION.format(keys[0])) + self._ids(
+            NIAH_PREFIX.format(keys[0])
         )
         answer = self._ids(" " + values[0] + ".") + ([self.end_id] if self.end_id is not None else [])
         return doc, prompt, answer

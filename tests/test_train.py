@@ -15,11 +15,10 @@ from safetensors.torch import load_file
 from tiny import VOCAB, tiny_llama
 
 from edgemem.armt import ARMT, read_adapter
+from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
 from edgemem.train import (
-    ANSWER_PREFIX,
     FINAL_FRACTION,
-    NEEDLE,
     ProseTasks,
     Run,
     Stage,
@@ -312,13 +311,13 @@ def test_recall_items_match_the_evaluation_prompt(prose_tasks):
     written = tok.decode(doc[128:192])
     match = next(m for m in [__import__("re").search(r"magic numbers for (\S+) is: (\d{7})\.", written)] if m)
     key, value = match.groups()
-    assert written.rstrip().endswith(NEEDLE.format(key, value))
+    assert written.rstrip().endswith(NIAH_NEEDLE.format(key, value))
     assert 1 <= len(doc) - 192 <= 8
     assert prompt == chat_prompt(
         tok,
         doc[192:],
         f"What is the special magic number for {key} mentioned in the provided text?",
-        ANSWER_PREFIX.format(key),
+        NIAH_PREFIX.format(key),
     )
     assert tok.decode(answer, skip_special_tokens=True).strip() == f"{value}."
     batch = prose_tasks.batch("recall", step_rng(0, 1, "t"), stage, 64, 3)

@@ -82,7 +82,13 @@ _NOUN = (  # noqa: SIM905
 ).split()
 
 
-def _key(rng: random.Random, taken: set[str]) -> str:
+# The niah needle, question and answer prefix (single value); training's recall items use them too.
+NIAH_NEEDLE = "One of the special magic numbers for {} is: {}."
+NIAH_QUESTION = "What is the special magic number for {} mentioned in the provided text?"
+NIAH_PREFIX = "The special magic number for {} mentioned in the provided text is"
+
+
+def random_key(rng: random.Random, taken: set[str]) -> str:
     while True:
         key = f"{rng.choice(_ADJ)}-{rng.choice(_NOUN)}"
         if key not in taken:
@@ -90,7 +96,7 @@ def _key(rng: random.Random, taken: set[str]) -> str:
             return key
 
 
-def _number(rng: random.Random, digits: int = 7) -> str:
+def random_number(rng: random.Random, digits: int = 7) -> str:
     return str(rng.randrange(10 ** (digits - 1), 10**digits))
 
 
@@ -193,21 +199,23 @@ class Builder:
         rng = _rng("niah", variant, length, index)
         depth = item_depth(index)
         taken: set[str] = set()
-        key = _key(rng, taken)
-        template = "One of the special magic numbers for {} is: {}."
+        key = random_key(rng, taken)
+        template = NIAH_NEEDLE
         if variant == "mv":
-            values = [_number(rng) for _ in range(4)]
+            values = [random_number(rng) for _ in range(4)]
             depths = sorted([depth] + [rng.random() for _ in range(3)])
             needles = [(d, template.format(key, v)) for d, v in zip(depths, values, strict=True)]
             question = f"What are all the special magic numbers for {key} mentioned in the provided text?"
             prefix = f"The special magic numbers for {key} mentioned in the provided text are"
         else:
-            values = [_number(rng)]
+            values = [random_number(rng)]
             needles = [(depth, template.format(key, values[0]))]
             if variant == "mk":
-                needles += [(rng.random(), template.format(_key(rng, taken), _number(rng))) for _ in range(3)]
-            question = f"What is the special magic number for {key} mentioned in the provided text?"
-            prefix = f"The special magic number for {key} mentioned in the provided text is"
+                needles += [
+                    (rng.random(), template.format(random_key(rng, taken), random_number(rng)))
+                    for _ in range(3)
+                ]
+            question, prefix = NIAH_QUESTION.format(key), NIAH_PREFIX.format(key)
         context, tokens = self._fit(
             lambda b: (self._haystack_with(needles, b - 40 * len(needles)), question), length
         )
@@ -226,7 +234,7 @@ class Builder:
             names.add(v)
             return v
 
-        value, other = _number(rng, 5), _number(rng, 5)
+        value, other = random_number(rng, 5), random_number(rng, 5)
         chain = [name() for _ in range(hops + 1)]
         decoy = [name() for _ in range(hops + 1)]
         start = item_depth(index) * 0.5  # the first assignment's depth; the chain spans half the text
