@@ -111,6 +111,8 @@ class TrainConfig:
     d_mem: int = 64
     seed: int = 0
     threads: int = 0  # 0: leave torch's default
+    device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
+    autocast: bool = False  # bf16 autocast (fast on GPUs and on CPUs with AMX / AVX512-BF16)
     checkpoint_every: int = 10  # steps
     eval_every: int = 50  # steps; 0: never
     eval_items: int = 32
@@ -378,11 +380,15 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
 
     Returns (loss, stats) with stats["segment_loss"]: mean loss per scored segment index.
     """
+    device = armt.write_embeddings.device
+    batch = Batch(
+        batch.written.to(device), batch.answer.to(device), batch.targets.to(device), batch.segment_len
+    )
     S = batch.segment_len
     n = batch.written.shape[1] // S
     B = batch.written.shape[0]
     state = armt.empty_state(B)
-    per_item = torch.zeros(B)
+    per_item = torch.zeros(B, device=device)
     segment_loss: list[float] = []
     head = armt.base.get_output_embeddings()
     for j in range(n):
@@ -409,9 +415,9 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
         losses = F.cross_entropy(logits, batch.targets[mask], reduction="none")
         rows = mask.nonzero()[:, 0]
         counts = mask.sum(1).clamp_min(1)
-        per_item = per_item + torch.zeros(B).index_add(0, rows, losses) / counts
+        per_item = per_item + torch.zeros(B, device=device).index_add(0, rows, losses) / counts
         correct = (logits.argmax(-1) == batch.targets[mask]).float()
-        exact = torch.zeros(B).index_add(0, rows, correct) == counts
+        exact = torch.zeros(B, device=device).index_add(0, rows, correct) == counts
         segment_loss.append(float(per_item.detach().mean()))
         stats = {"segment_loss": segment_loss, "exact": float(exact.float().mean())}
     else:
@@ -486,7 +492,7 @@ def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) ->
             p.copy_(tensors[f"param.{name}"])
     for name, p in params.items():
         state = {
-            key[len(f"opt.{name}.") :]: value
+            key[len(f"opt.{name}.") :]: value.to(p.device)
             for key, value in tensors.items()
             if key.startswith(f"opt.{name}.")
             and key[len(f"opt.{name}.") :] in ("step", "exp_avg", "exp_avg_sq")
@@ -542,7 +548,15 @@ class Run:
     extra_meta: dict[str, str] = field(default_factory=dict)
 
 
-OPERATIONAL = ("threads", "checkpoint_every", "eval_every", "eval_items", "eval_segments")
+OPERATIONAL = (
+    "threads",
+    "device",
+    "autocast",
+    "checkpoint_every",
+    "eval_every",
+    "eval_items",
+    "eval_segments",
+)
 
 
 def _defining(config_json: str) -> dict:
@@ -590,7 +604,8 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
         batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
-        loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
+        with _autocast(armt, config.autocast):
+            loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if run.world > 1:
@@ -656,6 +671,20 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
                 f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s"
             )
     return step
+
+
+def _autocast(armt: ARMT, enabled: bool) -> contextlib.AbstractContextManager:
+    """bf16 autocast on the model's device (the memory itself computes in float32 regardless)."""
+    device = armt.write_embeddings.device.type
+    return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise EdgememError(f"device {name!r} asked for, but no CUDA device is available")
+    return torch.device(name)
 
 
 def _truncate_log(path: Path, step: int) -> None:
@@ -740,8 +769,11 @@ def run_config(
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
+    device = resolve_device(config.device)
+    if device.type == "cuda" and world > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     loaded = load_model(config.model, dtype=torch.float32)
-    armt = build_armt(loaded.model, config)
+    armt = build_armt(loaded.model, config).to(device)
     tasks = ProseTasks(loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "train"))
     held_out = ProseTasks(
         loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "validation")

@@ -358,3 +358,20 @@ def test_recipe_runs_on_the_gemma3_architecture(tmp_path):
     assert all(r["loss"] == r["loss"] and r["loss"] > 0 for r in steps)
     assert run.armt.is_trained()
     assert load_config(REPO / "configs" / "train" / "gemma3-270m.toml").model == "gemma3-270m"
+
+
+def test_bf16_autocast_step_runs_and_device_is_resolved(tmp_path):
+    """autocast = true trains under bf16 autocast (on this CPU; on CUDA where present); asking for
+    CUDA on a machine without it is one clear error."""
+    from edgemem.train import resolve_device
+
+    config = replace(tiny_config(steps=2, backbone="frozen"), autocast=True)
+    run = tiny_run(config, tmp_path)
+    assert train(config, run) == 2
+    steps, _ = read_log(tmp_path / "log.jsonl")
+    assert all(0 < r["loss"] < 10 for r in steps) and run.armt.is_trained()
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        assert resolve_device("auto").type == "cpu"
+        with pytest.raises(EdgememError, match="no CUDA device"):
+            resolve_device("cuda")
