@@ -103,12 +103,21 @@ def models() -> None:
 def _open(model: str | None, adapter: str | None, segment_len: int | None, engine: str | None = None):
     from edgemem.assistant import Assistant
     from edgemem.models import DEFAULT_MODEL
+    from edgemem.runtime import OrtOptions, find_default_engine
 
+    if engine is None and segment_len is None and adapter is None:
+        found = find_default_engine(model or DEFAULT_MODEL)  # the fastest CPU backend, once exported
+        if found is not None:
+            err.print(f"using the exported engine {found} (--engine torch runs PyTorch)", markup=False)
+            engine = str(found)
+    if engine == "torch":
+        engine = None
     if engine is not None:
         if segment_len is not None:
             raise EdgememError("an engine's segment length is fixed: export it again with --segment-len")
         with err.status(f"opening engine {engine}..."):
-            assistant = Assistant.open_engine(engine, model, adapter)
+            # one command, one document: the answer graph's session replaces the segment step's
+            assistant = Assistant.open_engine(engine, model, adapter, OrtOptions(one_session=True))
     else:
         with err.status(f"loading {model or DEFAULT_MODEL}..."):
             assistant = Assistant.open(model or DEFAULT_MODEL, adapter, segment_len)

@@ -17,7 +17,8 @@ EngineOpt = Annotated[
     str | None,
     typer.Option(
         "--engine",
-        help="Run on an engine bundle made by `edgemem export` (ONNX Runtime) instead of PyTorch.",
+        help="An engine bundle made by `edgemem export` (ONNX Runtime), or `torch`. Default: the "
+        "model's exported engine when there is one (`edgemem export` without --out), else torch.",
     ),
 ]
 OptionalModelOpt = Annotated[
@@ -38,7 +39,10 @@ def _mb(n: int) -> str:
 
 @user_errors
 def export_cmd(
-    out: Annotated[Path, typer.Option("--out", help="The bundle folder to write.")],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="The bundle folder (default: the one ask and ingest use by default)."),
+    ] = None,
     model: ModelOpt = "smollm2-135m-instruct",
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
@@ -61,6 +65,13 @@ def export_cmd(
         raise EdgememError(f"unknown quantization {quantize!r}: use int8")
     if to == "tensorrt" and quantize is not None:
         raise EdgememError("--quantize applies to ONNX Runtime bundles; TensorRT picks fp16/bf16 itself")
+    if out is None:
+        from edgemem.models import REGISTRY
+        from edgemem.runtime import default_engine_dir
+
+        if model not in REGISTRY or source is not None or to != "onnx":
+            raise EdgememError("give --out: only a registry model's ONNX bundle has a default place")
+        out = default_engine_dir(model, quantize)
     out = out.expanduser()
     if out.exists() and not force:
         raise EdgememError(f"{out} exists; choose another --out or pass --force to replace it")
@@ -137,9 +148,12 @@ def bench_runtimes(
     output: Annotated[
         str, typer.Option("--out", help="Where to write the JSON results.")
     ] = "bench-runtimes.json",
+    rounds: Annotated[
+        int, typer.Option(min=1, help="Runs per backend, in alternating order; the table shows medians.")
+    ] = 1,
 ) -> None:
     """Ingest tokens/s and answer latency of every backend on the same model and text."""
     from edgemem.export.bench import run_runtime_bench
 
     names = [b.strip() for b in backends.split(",") if b.strip()]
-    run_runtime_bench(names, engines or [], model, tokens, answer_tokens, corpus, output, _out())
+    run_runtime_bench(names, engines or [], model, tokens, answer_tokens, corpus, output, _out(), rounds)

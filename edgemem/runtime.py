@@ -147,12 +147,16 @@ class OrtOptions:
     spinning threads steal the cores from everything else (the chat app's screen, torch).
     optimization: the graph optimisation level ('none', 'basic', 'extended', 'all').
     device: 'cpu', or 'cuda' (the CUDA provider first, when onnxruntime-gpu finds a GPU).
+    one_session: keep one graph's session open at a time (opening the answer graph closes the
+    segment step's): a one-shot `ask` peaks at one graph's weights instead of both; the chat app,
+    which alternates ingests and answers, keeps both.
     """
 
     threads: int = 0
     spinning: bool = False
     optimization: str = "all"
     device: str = "cpu"
+    one_session: bool = False
 
     def session_options(self) -> ort.SessionOptions:
         import onnxruntime as ort
@@ -220,6 +224,9 @@ class OrtEngine:
     def session(self, graph: str) -> ort.InferenceSession:
         if graph not in self._sessions:
             import onnxruntime as ort
+
+            if self.options.one_session:
+                self._sessions.clear()  # before loading the next one: one graph's weights at a time
 
             spec = self.manifest.graphs[graph]
             path = self.root / spec.file
@@ -389,6 +396,40 @@ def open_engine(
         adapter_sha = sha256_file(adapter_path)
     check_fits(engine.manifest, engine.root, model=model, adapter_file_sha256=adapter_sha)
     return OrtRuntime(engine, load_tokenizer(engine))
+
+
+def default_engine_dir(model_name: str, quantization: str | None = None) -> Path:
+    """Where `edgemem export` puts a registry model's bundle when no --out is given."""
+    from edgemem.paths import data_dir
+
+    return data_dir() / "engines" / (f"{model_name}-{quantization}" if quantization else model_name)
+
+
+def find_default_engine(model: str, adapter: str | Path | None = None) -> Path | None:
+    """The exported float32 engine of a registry model, if there is one that fits: built from the
+    same model file and the same adapter (the one given, else the one shipped, else none)."""
+    from edgemem.export.bundle import MANIFEST
+    from edgemem.models import REGISTRY
+
+    root = default_engine_dir(model)
+    if model not in REGISTRY or not (root / MANIFEST).is_file():
+        return None
+    try:
+        manifest = read_manifest(root)
+    except EdgememError:
+        return None
+    if manifest.quantization is not None:
+        return None
+    if adapter is None:
+        from edgemem.assistant import shipped_adapter
+
+        adapter = shipped_adapter(model)
+    adapter_sha = sha256_file(Path(adapter).expanduser()) if adapter is not None else None
+    if adapter_sha != manifest.adapter_file_sha256:
+        return None
+    if manifest.model_id != f"{model}@{sha256_file(REGISTRY[model].locate())[:16]}":
+        return None
+    return root
 
 
 def load_tokenizer(engine: OrtEngine) -> Any:

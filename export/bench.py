@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -167,6 +168,23 @@ def _label(spec: dict[str, Any]) -> str:
     return f"ort-{manifest.quantization or 'fp32'}"
 
 
+def _labels(runs: list[dict[str, Any]]) -> list[str]:
+    return list(dict.fromkeys(r["backend"] for r in runs))
+
+
+def _median(label: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One backend's runs -> the median of each rate and latency, the highest peak RSS."""
+    out = dict(runs[0])
+    for key in ("ingest_tokens_per_s", "first_token_s", "decode_tokens_per_s"):
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = statistics.median(values) if values else None
+        out[f"{key}_all"] = values
+    out["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    out["rounds"] = len(runs)
+    out.pop("round", None)
+    return out
+
+
 def run_runtime_bench(
     backends: list[str],
     engines: list[str],
@@ -176,8 +194,10 @@ def run_runtime_bench(
     corpus: str | None,
     output: str,
     console: Any,
+    rounds: int = 1,
 ) -> list[dict[str, Any]]:
-    """Run each backend in a child process, print the table, write the JSON report atomically."""
+    """Run each backend in a child process (`rounds` times, in alternating order), print the
+    medians, write the JSON report (every run included) atomically."""
     from rich.table import Table
 
     unknown = [b for b in backends if b not in BACKENDS]
@@ -192,25 +212,31 @@ def run_runtime_bench(
             specs.extend({**base, "backend": "ort", "engine": str(Path(e).resolve())} for e in engines)
         else:
             specs.append({**base, "backend": backend})
-    results = []
-    segment_len = 512
-    for spec in specs:
-        spec["segment_len"] = segment_len
-        label = _label(spec)
-        console.print(f"running {label}...")
-        env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-        proc = subprocess.run(
-            [sys.executable, "-m", "edgemem.export.bench", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            env=env,
-        )
-        if proc.returncode != 0:
-            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-            raise EdgememError(f"benchmark child ({label}) failed: {last}")
-        result = {"backend": label, **json.loads(proc.stdout.strip().splitlines()[-1])}
-        segment_len = result["segment_len"]
-        results.append(result)
+    runs: list[dict[str, Any]] = []
+    segment_len = 512  # the llama.cpp child takes the ARMT runtimes' segment length
+    llama_last = sorted(specs, key=lambda spec: spec["backend"] == "llama.cpp")
+    for round_index in range(rounds):
+        # alternate the order so that a load change on the shared machine hits every backend alike
+        for spec in llama_last if round_index % 2 == 0 else llama_last[::-1]:
+            spec["segment_len"] = segment_len
+            label = _label(spec)
+            console.print(f"round {round_index + 1}/{rounds}: running {label}...")
+            env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+            proc = subprocess.run(
+                [sys.executable, "-m", "edgemem.export.bench", json.dumps(spec)],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            if proc.returncode != 0:
+                last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+                raise EdgememError(f"benchmark child ({label}) failed: {last}")
+            measured = json.loads(proc.stdout.strip().splitlines()[-1])
+            result = {"backend": label, "round": round_index, **measured}
+            if spec["backend"] != "llama.cpp":
+                segment_len = result["segment_len"]
+            runs.append(result)
+    results = [_median(label, [r for r in runs if r["backend"] == label]) for label in _labels(runs)]
     table = Table("backend", "ingest tok/s", "first token (s)", "decode tok/s", "peak RSS (MB)", "threads")
     for r in results:
         decode = f"{r['decode_tokens_per_s']:,.1f}" if r["decode_tokens_per_s"] else "-"
@@ -235,7 +261,9 @@ def run_runtime_bench(
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{cpu}, {os.cpu_count()} cpus, {psutil.virtual_memory().total / 2**30:.0f} GiB",
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+        "rounds": rounds,
         "results": results,
+        "runs": runs,
     }
     tmp = Path(output).with_name(f".{Path(output).name}.tmp")
     tmp.write_text(json.dumps(report, indent=1))

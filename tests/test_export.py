@@ -9,6 +9,7 @@ every test here uses it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -352,3 +353,113 @@ def test_export_to_tensorrt_without_tensorrt_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(trt_export, "tensorrt_module", lambda: None)
     result = run("export", "--to", "tensorrt", "--out", tmp_path / "e")
     assert_one_line_error(result, "TensorRT is not installed")
+
+
+def test_chat_app_opens_an_engine_bundle_from_its_settings(tiny):
+    from edgemem.tui.app import open_assistant
+    from edgemem.tui.config import Settings
+
+    assistant = open_assistant(Settings(model=str(tiny["bundle"]), engine="onnxruntime"))
+    assert assistant.runtime.backend == "onnxruntime" and assistant.loaded is None
+    assert assistant.name == "tiny-llama" and assistant.trained
+
+
+def test_bench_runtimes_user_errors_are_one_line(tmp_path):
+    assert_one_line_error(run("bench", "runtimes", "--backends", "ort"), "needs --engine")
+    assert_one_line_error(run("bench", "runtimes", "--backends", "tflite"), "unknown backend")
+
+
+def test_bench_runtimes_reports_the_median_of_its_rounds():
+    from edgemem.export.bench import _median
+
+    runs = [
+        {"backend": "ort-fp32", "round": i, "ingest_tokens_per_s": v, "first_token_s": 1.0 + i,
+         "decode_tokens_per_s": None, "peak_rss_mb": 100.0 * (i + 1)}
+        for i, v in enumerate([90.0, 30.0, 100.0])
+    ]  # fmt: skip
+    out = _median("ort-fp32", runs)
+    assert out["ingest_tokens_per_s"] == 90.0 and out["first_token_s"] == 2.0
+    assert out["decode_tokens_per_s"] is None and out["peak_rss_mb"] == 300.0 and out["rounds"] == 3
+
+
+@pytest.fixture
+def default_engine(tiny):
+    """The tiny bundle posing as SmolLM2's exported engine in the default place (removed after)."""
+    from edgemem.export.bundle import sha256_file
+    from edgemem.models import REGISTRY
+    from edgemem.runtime import default_engine_dir
+
+    try:
+        gguf = REGISTRY["smollm2-135m-instruct"].locate()
+    except EdgememError as exc:
+        pytest.skip(str(exc))
+    root = default_engine_dir("smollm2-135m-instruct")
+    shutil.copytree(tiny["bundle"], root)
+    data = json.loads((root / MANIFEST).read_text())
+    data.update(
+        model_name="smollm2-135m-instruct",
+        model_id=f"smollm2-135m-instruct@{sha256_file(gguf)[:16]}",
+        adapter_file_sha256=None,
+    )
+    (root / MANIFEST).write_text(json.dumps(data))
+    yield root
+    shutil.rmtree(root)
+
+
+def test_an_exported_engine_is_the_default_backend(default_engine, tmp_path):
+    from edgemem.runtime import find_default_engine
+
+    assert find_default_engine("smollm2-135m-instruct") == default_engine
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    result = run("ask", doc, "What is the code?", "--max-new-tokens", "4")
+    assert result.exit_code == 0, result.output
+    assert f"using the exported engine {default_engine}" in result.stderr
+
+
+def test_an_engine_from_another_adapter_or_model_file_is_not_the_default(default_engine, tmp_path):
+    from edgemem.runtime import find_default_engine
+
+    save_adapter(tiny_assistant(segment_len=SEGMENT).armt, tmp_path / "a.safetensors")
+    assert find_default_engine("smollm2-135m-instruct", tmp_path / "a.safetensors") is None
+    data = json.loads((default_engine / MANIFEST).read_text())
+    (default_engine / MANIFEST).write_text(json.dumps({**data, "model_id": "smollm2-135m-instruct@0"}))
+    assert find_default_engine("smollm2-135m-instruct") is None
+    assert find_default_engine("gemma3-270m") is None
+
+
+@pytest.mark.real_model
+@pytest.mark.skipif(
+    not os.environ.get("EDGEMEM_TEST_SMOL_ENGINE"),
+    reason="set EDGEMEM_TEST_SMOL_ENGINE to a SmolLM2 bundle (`edgemem export`: ~5 CPU-minutes)",
+)
+def test_real_smollm2_engine_matches_torch():
+    """The exported SmolLM2 bundle against PyTorch on real text: the state after 3 segments and
+    the greedy answer."""
+    from edgemem.armt import prompt_ids, stop_token_ids
+
+    engine = open_engine(os.environ["EDGEMEM_TEST_SMOL_ENGINE"])
+    assistant = Assistant.open("smollm2-135m-instruct", dtype=torch.float32)
+    rt = assistant.runtime
+    assert engine.model_id == rt.model_id and engine.adapter_hash == rt.adapter_hash
+    text = Path(json.__file__).read_text()  # the json package's source
+    ids = [i for chunk in tokenize_stream([text * 2], rt.tokenizer) for i in chunk][: 3 * 512 + 100]
+    a, b = ingest(rt, [ids]), ingest(engine, [ids])
+    for name, tensor in a.state.named_tensors().items():
+        other = b.state.named_tensors()[name]
+        assert float((other - tensor).norm() / tensor.norm()) < 1e-4, name
+    prompt = prompt_ids(rt.tokenizer, a.tail_ids, "What does this module do?")
+    stop = stop_token_ids(rt.tokenizer)
+    expected = list(rt.generate_ids(a.state, prompt, stop, max_new_tokens=16))
+    assert list(engine.generate_ids(b.state, prompt, stop, max_new_tokens=16)) == expected
+
+
+def test_one_session_mode_keeps_only_the_graph_in_use_open(tiny):
+    engine = OrtEngine(tiny["bundle"], OrtOptions(one_session=True))
+    state = engine.step([3] * SEGMENT, engine.empty_state())
+    assert list(engine._sessions) == ["segment_step"]
+    reference = OrtEngine(tiny["bundle"])
+    assert list(engine.generate_ids(state, [5, 6, 7], set(), max_new_tokens=4)) == list(
+        reference.generate_ids(state, [5, 6, 7], set(), max_new_tokens=4)
+    )
+    assert list(engine._sessions) == ["answer"]

@@ -52,10 +52,12 @@ PROGRESS_EVERY_S = 0.1  # the progress bar is redrawn at most this often
 
 def open_assistant(settings: Settings) -> Assistant:
     """The engines the app can run a model with (see `edgemem.tui.config.ENGINES`)."""
-    if settings.engine == "torch":
-        from edgemem.assistant import Assistant
+    from edgemem.assistant import Assistant
 
+    if settings.engine == "torch":
         return Assistant.open(settings.model)
+    if settings.engine == "onnxruntime":
+        return Assistant.open_engine(settings.model)  # the model setting is the bundle's folder
     raise EdgememError(f"engine {settings.engine!r} is not available")
 
 

@@ -1,7 +1,7 @@
 """The chat app's settings: a small TOML file in the user config directory.
 
     model = "smollm2-135m-instruct"   # registry name, or a path to a .gguf file or model folder
-    engine = "torch"                  # how the model runs; see ENGINES
+    engine = "torch"                  # how the model runs; see ENGINES (onnxruntime: model = a bundle)
     temperature = 0.0                 # 0 = greedy
     max_new_tokens = 256
     theme = "textual-dark"            # "textual-light", or any Textual theme
@@ -22,9 +22,9 @@ from pathlib import Path
 from edgemem.paths import config_dir
 
 DEFAULT_MODEL = "smollm2-135m-instruct"  # edgemem.models.DEFAULT_MODEL, without importing torch
-# Engines the app can run a model with. "torch" is PyTorch eager through edgemem.assistant; an
-# ONNX-bundle engine (from the export issue's runtime) is added here when it exists.
-ENGINES: tuple[str, ...] = ("torch",)
+# Engines the app can run a model with: "torch" is PyTorch eager through edgemem.assistant;
+# "onnxruntime" runs an engine bundle made by `edgemem export`, whose folder is then the `model`.
+ENGINES: tuple[str, ...] = ("torch", "onnxruntime")
 THEMES = ("textual-dark", "textual-light")  # offered first; any theme Textual knows is accepted
 
 

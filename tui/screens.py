@@ -122,7 +122,7 @@ class SettingsScreen(ModalScreen[Settings | None]):
             yield Label("Settings (ctrl+s saves, Esc cancels)", id="settings-title")
             with Grid(id="settings-grid"):
                 yield Label("model")
-                yield Input(s.model, id="set-model", placeholder="registry name or path")
+                yield Input(s.model, id="set-model", placeholder="name or path (onnxruntime: bundle)")
                 yield Label("engine")
                 yield Select([(e, e) for e in ENGINES], value=s.engine, allow_blank=False, id="set-engine")
                 yield Label("temperature")
