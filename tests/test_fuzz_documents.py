@@ -69,7 +69,7 @@ NAMES = st.text(
 ).filter(lambda n: n not in (".", "..", ".gitignore") and len(n.encode()) < 200)
 
 
-@FUZZ
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tree=st.dictionaries(st.lists(NAMES, min_size=1, max_size=3).map(tuple), ODD_BYTES, max_size=8))
 def test_any_folder_scans_stably_and_reads_each_text_file(tree):
     with tempfile.TemporaryDirectory() as tmp:

@@ -4,7 +4,7 @@ with its recorded sha256, loading as a valid state) and the same ingest resumes 
 saved checkpoint to the state an uninterrupted run reaches, bit for bit. Several processes
 ingesting and asking at the same time do not corrupt the store.
 
-The default run does three kill trials; `python -m pytest -m reliability` runs the full set
+The default run does one kill trial (1-3 kills); `python -m pytest -m reliability` runs the full set
 (EDGEMEM_CRASH_TRIALS, 24 by default). Each trial prints its seed: `EDGEMEM_CRASH_SEED=<seed>`
 replays it. The processes are forked from one that imported torch once (see `Zygote`).
 """
@@ -162,7 +162,7 @@ def _seeds(count: int) -> list[int]:
     return [int(fixed)] if fixed else [1000 + i for i in range(count)]
 
 
-@pytest.mark.parametrize("seed", _seeds(3))
+@pytest.mark.parametrize("seed", _seeds(1))
 def test_sigkill_during_ingest_leaves_a_consistent_library_that_resumes_bit_identically(
     seed, zygote, docs, shapes, reference, tmp_path
 ):
