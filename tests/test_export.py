@@ -445,9 +445,9 @@ def test_real_smollm2_engine_matches_torch():
     text = Path(json.__file__).read_text()  # the json package's source
     ids = [i for chunk in tokenize_stream([text * 2], rt.tokenizer) for i in chunk][: 3 * 512 + 100]
     a, b = ingest(rt, [ids]), ingest(engine, [ids])
-    for name, tensor in a.state.named_tensors().items():
-        other = b.state.named_tensors()[name]
-        assert float((other - tensor).norm() / tensor.norm()) < 1e-4, name
+    for name, tensor in a.state.named_tensors().items():  # A stays 0 while the memory is untrained
+        difference = float((b.state.named_tensors()[name] - tensor).norm())
+        assert difference <= 1e-4 * float(tensor.norm()) + 1e-6, (name, difference, float(tensor.norm()))
     prompt = prompt_ids(rt.tokenizer, a.tail_ids, "What does this module do?")
     stop = stop_token_ids(rt.tokenizer)
     expected = list(rt.generate_ids(a.state, prompt, stop, max_new_tokens=16))
