@@ -90,6 +90,73 @@ class Manifest:
         return cls(**data)
 
 
+_STR, _INT, _BOOL, _OPT_STR = "str", "int", "bool", "str or null"
+_FIELD_TYPES = {
+    **dict.fromkeys(("model_name", "model_id", "architecture", "adapter_hash", "created", "format"), _STR),
+    **dict.fromkeys(("adapter_file_sha256", "quantization", "tensorrt_target"), _OPT_STR),
+    **dict.fromkeys(("segment_len", "num_write_tokens", "d_mem", "nu", "vocab_size", "opset"), _INT),
+    "trained": _BOOL,
+}
+
+
+def _is(value: object, kind: str) -> bool:
+    if kind == _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == _BOOL:
+        return isinstance(value, bool)
+    return isinstance(value, str) or (kind == _OPT_STR and value is None)
+
+
+def _ints(value: object) -> bool:
+    return isinstance(value, list) and all(_is(v, _INT) for v in value)
+
+
+def _strs(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _str_map(value: object, check) -> bool:  # type: ignore[no-untyped-def]
+    return isinstance(value, dict) and all(isinstance(k, str) and check(v) for k, v in value.items())
+
+
+def _graph(value: object) -> bool:
+    if not isinstance(value, dict) or not {"file", "inputs", "outputs"} <= set(value) <= {
+        "file",
+        "inputs",
+        "outputs",
+        "sha256",
+        "size",
+    }:
+        return False
+    return (
+        isinstance(value["file"], str)
+        and _strs(value["inputs"])
+        and _strs(value["outputs"])
+        and isinstance(value.get("sha256", ""), str)
+        and _is(value.get("size", 0), _INT)
+    )
+
+
+def _type_problem(data: dict) -> str | None:
+    """The first manifest field whose JSON type is wrong, described in a few words, or None."""
+    for name, kind in _FIELD_TYPES.items():
+        if name in data and not _is(data[name], kind):
+            return f"{name} should be {kind}"
+    checks = {
+        "memory_layers": (_ints, "a list of integers"),
+        "tokenizer_files": (_strs, "a list of strings"),
+        "state_shapes": (lambda v: _str_map(v, _ints), "names -> lists of integers"),
+        "kv": (lambda v: _str_map(v, lambda x: _is(x, _INT)), "names -> integers"),
+        "graphs": (lambda v: _str_map(v, _graph), "names -> graph specs"),
+        "tensorrt": (lambda v: _str_map(v, lambda x: isinstance(x, str)), "graph names -> paths"),
+        "versions": (lambda v: _str_map(v, lambda x: isinstance(x, str)), "names -> strings"),
+    }
+    for name, (check, what) in checks.items():
+        if name in data and not check(data[name]):
+            return f"{name} should be {what}"
+    return None
+
+
 def inside(root: Path, relative: str) -> Path:
     """`root / relative`, refusing absolute paths and anything that resolves outside `root`."""
     if not relative or Path(relative).is_absolute() or "\\" in relative:
@@ -124,6 +191,9 @@ def read_manifest(root: str | Path, verify: bool = False) -> Manifest:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise EdgememError(f"{path}: format {found!r} is not {FORMAT!r}; export the bundle again")
+    problem = _type_problem(data)
+    if problem is not None:
+        raise EdgememError(f"{path}: invalid manifest ({problem}); export the bundle again")
     try:
         manifest = Manifest.from_dict(data)
     except (TypeError, KeyError, AttributeError) as exc:

@@ -108,11 +108,6 @@ def _replace(manifest: dict, field: str, value: object) -> dict:
     return manifest
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="export/bundle.py: a manifest field of the wrong type (tokenizer_files or tensorrt null, for"
-    " one) escapes read_manifest as TypeError/AttributeError; left to the export work (docs/RELIABILITY.md)",
-)
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=JSON)
 def test_any_forged_manifest_field_is_one_line_error_or_accepted(tmp_path_factory, field, value):
