@@ -1,9 +1,16 @@
+import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+# Triton reads TRITON_INTERPRET when it first decorates a kernel, and torch or transformers may
+# import triton long before tests/test_kernels.py does: without a GPU, interpret from the start.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True, scope="session")
