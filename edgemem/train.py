@@ -396,11 +396,10 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
             state = _detach(state)
         ids = batch.written[:, j * S : (j + 1) * S]
         want_logits = stage.task == "lm" and j > 0
-        run = armt.step
         if stage.checkpointing and torch.is_grad_enabled():
             state, logits = _checkpointed_step(armt, ids, state, want_logits)
         else:
-            state, logits = run(ids, state, return_logits=want_logits)
+            state, logits = armt.step(ids, state, return_logits=want_logits)
         if want_logits:
             losses = F.cross_entropy(
                 logits[:, :-1].float().flatten(0, 1), ids[:, 1:].flatten(), reduction="none"
@@ -616,7 +615,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
             dist.all_reduce(stats_loss)
             loss_value = float(stats_loss)
         else:
-            loss_value = float(loss)
+            loss_value = float(loss.detach())
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
         optimizer.step()
         step += 1
