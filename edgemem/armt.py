@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save
 from torch import Tensor, nn
 
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_bytes
 from edgemem.memory import AssociativeMemory
 
 ADAPTER_FORMAT = "edgemem-adapter/1"
@@ -372,10 +373,7 @@ class ARMT(nn.Module):
 
 def save_adapter(armt: ARMT, path: Path, metadata: dict[str, str] | None = None) -> None:
     """Write the memory parameters as safetensors (temporary file, then rename)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(armt.adapter_bytes(metadata))
-    tmp.replace(path)
+    atomic_write_bytes(Path(path), armt.adapter_bytes(metadata))
 
 
 def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_text
 
 
 def corpus_pieces(corpus: str | None) -> Iterator[str]:
@@ -155,9 +156,7 @@ def run_ingest_bench(sizes: list[int], corpus: str | None, model: str, output: s
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
         "results": results,
     }
-    tmp = Path(output).with_name(f".{Path(output).name}.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(output)
+    atomic_write_text(Path(output), json.dumps(report, indent=1))
     console.print(f"wrote {output}")
     return results
 

@@ -15,7 +15,6 @@ import json
 import math
 import os
 import random
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -26,6 +25,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from edgemem.files import atomic_write
 from edgemem.swax import SwaxConfig, SwaxModel, WindowSchedule
 
 # ----- generic helpers -----
@@ -37,25 +37,6 @@ def cosine_lr(step: int, total: int, peak: float, warmup: int, floor: float = 0.
         return peak * (step + 1) / warmup
     t = min(1.0, (step - warmup) / max(1, total - warmup))
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """`write(tmp)` fills a temporary file next to `path`, which is fsynced and renamed over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
 
 
 def save_checkpoint(

@@ -44,6 +44,7 @@ from torch import Tensor
 from edgemem.armt import ARMT, ARMTConfig, MemoryState, prompt_ids, save_adapter, stop_token_ids
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX, NIAH_QUESTION, random_key, random_number
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_bytes, atomic_write_text
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
 TASKS = ("lm", "recall", "tokens")
@@ -467,9 +468,7 @@ def save_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer, st
             tensors[f"opt.{name}.{key}"] = value.detach().contiguous().reshape(value.shape)
     tensors["rng.torch"] = torch.get_rng_state()
     meta = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": config_json}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(save(tensors, metadata=meta))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, save(tensors, metadata=meta))
 
 
 def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
@@ -691,9 +690,7 @@ def _truncate_log(path: Path, step: int) -> None:
     steps, evals = read_log(path)
     keep = [r for r in steps + evals if r["step"] <= step]
     keep.sort(key=lambda r: (r["step"], "eval_exact" in r))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in keep))
 
 
 def _append(path: Path, record: dict) -> None:
@@ -742,10 +739,7 @@ def cached_stream(tokenizer: object, model_id: str, config: TrainConfig, split: 
     if path.is_file():
         return load_file(str(path))["ids"]
     ids = prose_stream(tokenizer, config.corpora, split, config.corpus_tokens)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(save({"ids": ids}))
-    os.replace(tmp, path)
+    atomic_write_bytes(path, save({"ids": ids}))
     return ids
 
 

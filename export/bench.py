@@ -31,6 +31,7 @@ from typing import Any
 import psutil
 
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_text
 
 QUESTION = "What does this code do?"
 TAIL = 256  # tokens of the document left for the answer segment
@@ -265,9 +266,7 @@ def run_runtime_bench(
         "results": results,
         "runs": runs,
     }
-    tmp = Path(output).with_name(f".{Path(output).name}.tmp")
-    tmp.write_text(json.dumps(report, indent=1))
-    tmp.replace(output)
+    atomic_write_text(Path(output), json.dumps(report, indent=1))
     console.print(f"wrote {output}")
     return results
 

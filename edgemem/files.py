@@ -1,0 +1,36 @@
+"""Atomic file writes: a temporary file next to the target, fsynced, then renamed over it.
+
+A reader (or a process killed half-way through the write) sees the old file or the new one,
+never a torn one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """`write(tmp)` fills a temporary file next to `path`, which is fsynced and renamed over `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
