@@ -74,11 +74,12 @@ def test_tiny_model_learns_two_segment_recall(tmp_path):
     held-out exact recall beats chance (1 in 10) by a wide margin, in well under a minute."""
     config = tiny_config(steps=300)
     run = tiny_run(config, tmp_path)
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         assert train(config, run) == 300
     finally:
-        torch.set_num_threads(os.cpu_count() or 1)
+        torch.set_num_threads(threads)
     steps, _ = read_log(tmp_path / "log.jsonl")
     first = sum(r["loss"] for r in steps[:20]) / 20
     last = sum(r["loss"] for r in steps[-20:]) / 20
