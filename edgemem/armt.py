@@ -26,12 +26,11 @@ from pathlib import Path
 
 import psutil
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save
+from safetensors.torch import save
 from torch import Tensor, nn
 
 from edgemem.errors import EdgememError
-from edgemem.files import atomic_write_bytes
+from edgemem.files import atomic_write_bytes, read_safetensors
 from edgemem.memory import AssociativeMemory
 
 ADAPTER_FORMAT = "edgemem-adapter/1"
@@ -381,14 +380,7 @@ def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
     path = Path(path)
     if not path.is_file():
         raise EdgememError(f"adapter {path} does not exist")
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata() or {}
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise EdgememError(f"adapter {path} is not a readable safetensors file: {exc}") from exc
+    meta, tensors = read_safetensors(path, "adapter")
     if meta.get("format") != ADAPTER_FORMAT or "config" not in meta:
         raise EdgememError(f"adapter {path} has no edgemem adapter metadata")
     try:

@@ -34,3 +34,18 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:
+    """(metadata, tensors) of a safetensors file; anything unreadable is one EdgememError naming `what`."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.torch import load_file
+
+    from edgemem.errors import EdgememError
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            meta = handle.metadata() or {}
+        return meta, load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise EdgememError(f"{what} {path} is not a readable safetensors file: {exc}") from exc

@@ -37,14 +37,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save
 from torch import Tensor
 
 from edgemem.armt import ARMT, ARMTConfig, MemoryState, prompt_ids, save_adapter, stop_token_ids
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX, NIAH_QUESTION, random_key, random_number
 from edgemem.errors import EdgememError
-from edgemem.files import atomic_write_bytes, atomic_write_text
+from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
 TASKS = ("lm", "recall", "tokens")
@@ -473,12 +472,7 @@ def save_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer, st
 
 def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
     """Restore what `save_checkpoint` wrote; returns (step, config json)."""
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            meta = handle.metadata() or {}
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise EdgememError(f"checkpoint {path} is not readable: {exc}") from exc
+    meta, tensors = read_safetensors(path, "checkpoint")
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise EdgememError(f"{path} is not an edgemem training checkpoint")
     params = _trainable(armt)
