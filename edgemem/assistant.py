@@ -87,8 +87,8 @@ class Assistant:
         adapter: str | Path | None = None,
         options: OrtOptions | None = None,
     ) -> Assistant:
-        """An assistant on an ONNX engine bundle (`edgemem export`); `model` and `adapter`, when
-        given, must be the ones the bundle was exported from."""
+        """An assistant on an engine bundle (`edgemem export`: ONNX Runtime, or TensorRT when it
+        holds plans); `model` and `adapter`, when given, must be the ones it was exported from."""
         runtime = open_engine(engine, model=model, adapter=adapter, options=options)
         adapter_path = Path(adapter).expanduser() if adapter else None
         return cls(None, None, adapter_path, runtime.adapter_hash, runtime)

@@ -17,8 +17,9 @@ EngineOpt = Annotated[
     str | None,
     typer.Option(
         "--engine",
-        help="An engine bundle made by `edgemem export` (ONNX Runtime), or `torch`. Default: the "
-        "model's exported engine when there is one (`edgemem export` without --out), else torch.",
+        help="An engine bundle made by `edgemem export` (ONNX Runtime; TensorRT when it holds plans, "
+        "on a GPU), or `torch`. Default: the model's exported engine when there is one (`edgemem "
+        "export` without --out), else torch.",
     ),
 ]
 OptionalModelOpt = Annotated[

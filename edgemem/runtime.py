@@ -1,4 +1,5 @@
-"""Runtime backends behind one interface: PyTorch eager, and ONNX Runtime on an engine bundle.
+"""Runtime backends behind one interface: PyTorch eager, and an engine bundle on ONNX Runtime or
+TensorRT.
 
 The interface (`Runtime`) is the segment-step contract of `edgemem.armt` plus what identifies a
 model to the library:
@@ -14,8 +15,10 @@ so a state ingested by one can be answered by another (the library key is the sa
 model and its float32 engine; an int8 engine keys its states apart).
 
 `OrtEngine` is the engine itself: numpy in, numpy out, and it imports neither torch nor
-transformers (a bundle runs with onnxruntime and numpy alone). `OrtRuntime` adapts it to the
-interface above. Importing this module imports neither torch nor onnxruntime.
+transformers (a bundle runs with onnxruntime and numpy alone). `TrtEngine` is the same contract on
+the bundle's TensorRT plans (`edgemem export --to tensorrt`; an NVIDIA GPU, device buffers as torch
+CUDA tensors). `OrtRuntime` adapts either to the interface above; `open_engine` picks TensorRT for a
+bundle that holds plans. Importing this module imports neither torch nor onnxruntime nor TensorRT.
 """
 
 from __future__ import annotations
@@ -29,7 +32,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import ANSWER_GRAPH, STEP_GRAPH, Manifest, check_fits, read_manifest, sha256_file
+from edgemem.export.bundle import (
+    ANSWER_GRAPH,
+    STEP_GRAPH,
+    Manifest,
+    check_fits,
+    inside,
+    read_manifest,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -38,14 +49,14 @@ if TYPE_CHECKING:
     from edgemem.armt import ARMT, ARMTConfig, IngestResult, MemoryState
     from edgemem.models import LoadedModel
 
-BACKENDS = ("torch", "onnxruntime")
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
 NumpyState = dict[str, np.ndarray]
 
 
 class Runtime(Protocol):
     """What the ingest driver, the answer loop, the store and the CLI need from a backend."""
 
-    backend: str  # "torch", "onnxruntime"
+    backend: str  # "torch", "onnxruntime", "onnxruntime-int8", "tensorrt"
     name: str  # the model's display name
     model_id: str  # part of every stored state's key
     adapter_hash: str
@@ -206,16 +217,72 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
     return int(order[rng.choice(len(ranked), p=ranked / ranked.sum())])
 
 
-class OrtEngine:
+class BundleEngine:
+    """What every engine on a bundle shares: the manifest, the state layout and the answer loop.
+
+    A subclass provides `session(graph)` (open a graph), `step(ids, state)` and `forward(ids, past,
+    state)`; states are numpy arrays named as in the manifest.
+    """
+
+    backend = ""
+
+    def __init__(self, root: str | Path, *, verify: bool = False) -> None:
+        self.root = Path(root).expanduser()
+        self.manifest: Manifest = read_manifest(self.root, verify=verify)
+
+    def empty_state(self) -> NumpyState:
+        return {name: np.zeros(shape, np.float32) for name, shape in self.manifest.state_shapes.items()}
+
+    def _state_feed(self, state: NumpyState, prefix: str) -> dict[str, np.ndarray]:
+        if state.keys() != self.manifest.state_shapes.keys():
+            raise EdgememError(f"engine {self.root}: the memory state has other tensors than the engine's")
+        return {prefix + name: np.ascontiguousarray(t, np.float32) for name, t in state.items()}
+
+    def empty_past(self) -> list[np.ndarray]:
+        kv = self.manifest.kv
+        return [np.zeros((1, kv["kv_heads"], 0, kv["head_dim"]), np.float32) for _ in range(2 * kv["layers"])]
+
+    def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
+        raise NotImplementedError
+
+    def forward(
+        self, ids: Sequence[int] | np.ndarray, past: list[Any], state: NumpyState
+    ) -> tuple[np.ndarray, list[Any]]:
+        raise NotImplementedError
+
+    def generate_ids(
+        self,
+        state: NumpyState,
+        prompt: Sequence[int],
+        stop_ids: set[int],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 0.95,
+        seed: int | None = None,
+    ) -> Iterator[int]:
+        """Generated ids one at a time: the prompt runs as the last segment reading memory, then
+        each new token with the growing cache. Greedy for temperature 0."""
+        rng = np.random.default_rng(seed) if temperature > 0 else None
+        logits, past = self.forward(prompt, self.empty_past(), state)
+        for _ in range(max_new_tokens):
+            token = sample(logits, temperature, top_p, rng)
+            if token in stop_ids:
+                return
+            yield token
+            logits, past = self.forward([token], past, state)
+
+
+class OrtEngine(BundleEngine):
     """An engine bundle on ONNX Runtime: numpy state in, numpy state out.
 
     Sessions open on first use (an ingest never loads the answer graph). Each session's inputs and
     outputs are checked against the manifest when it opens.
     """
 
+    backend = "onnxruntime"
+
     def __init__(self, root: str | Path, options: OrtOptions | None = None, *, verify: bool = False) -> None:
-        self.root = Path(root).expanduser()
-        self.manifest: Manifest = read_manifest(self.root, verify=verify)
+        super().__init__(root, verify=verify)
         self.options = options or OrtOptions()
         self._sessions: dict[str, ort.InferenceSession] = {}
 
@@ -264,14 +331,6 @@ class OrtEngine:
 
     # ----- the contract -----
 
-    def empty_state(self) -> NumpyState:
-        return {name: np.zeros(shape, np.float32) for name, shape in self.manifest.state_shapes.items()}
-
-    def _state_feed(self, state: NumpyState, prefix: str) -> dict[str, np.ndarray]:
-        if state.keys() != self.manifest.state_shapes.keys():
-            raise EdgememError(f"engine {self.root}: the memory state has other tensors than the engine's")
-        return {prefix + name: np.ascontiguousarray(t, np.float32) for name, t in state.items()}
-
     def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
         """One segment: ids [S] or [1, S] (S = the bundle's segment length) -> the new state."""
         session = self.session(STEP_GRAPH)
@@ -279,10 +338,6 @@ class OrtEngine:
         feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
         outputs = session.run(None, feed)
         return dict(zip(self.manifest.state_shapes, outputs, strict=True))
-
-    def empty_past(self) -> list[np.ndarray]:
-        kv = self.manifest.kv
-        return [np.zeros((1, kv["kv_heads"], 0, kv["head_dim"]), np.float32) for _ in range(2 * kv["layers"])]
 
     def forward(
         self, ids: Sequence[int] | np.ndarray, past: list[np.ndarray], state: NumpyState
@@ -297,49 +352,183 @@ class OrtEngine:
         logits, *present = session.run(None, feed)
         return logits[0], present
 
-    def generate_ids(
-        self,
-        state: NumpyState,
-        prompt: Sequence[int],
-        stop_ids: set[int],
-        max_new_tokens: int = 256,
-        temperature: float = 0.0,
-        top_p: float = 0.95,
-        seed: int | None = None,
-    ) -> Iterator[int]:
-        """Generated ids one at a time: the prompt runs as the last segment reading memory, then
-        each new token with the growing cache. Greedy for temperature 0."""
-        rng = np.random.default_rng(seed) if temperature > 0 else None
-        logits, past = self.forward(prompt, self.empty_past(), state)
-        for _ in range(max_new_tokens):
-            token = sample(logits, temperature, top_p, rng)
-            if token in stop_ids:
-                return
-            yield token
-            logits, past = self.forward([token], past, state)
+
+# ----- TensorRT -----
+
+_TORCH_DTYPES = {  # TensorRT DataType name -> torch dtype name
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT64": "int64",
+    "INT32": "int32",
+    "INT8": "int8",
+    "UINT8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def cuda_device(root: Path, manifest: Manifest) -> torch.device:
+    """The GPU that runs a bundle's TensorRT plans; one clear error where there is none, or where
+    the plans were built for another compute capability."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        torch = None  # type: ignore[assignment]
+    if torch is None or not torch.cuda.is_available():
+        raise EdgememError(
+            f"engine {root} holds TensorRT plans, which run only on an NVIDIA GPU (with a CUDA build of "
+            "PyTorch) and none is available here; on this machine use an ONNX bundle "
+            "(`edgemem export` without --to tensorrt)"
+        )
+    major, minor = torch.cuda.get_device_capability()
+    here = f"SM{major}{minor}"
+    if manifest.tensorrt_target is not None and manifest.tensorrt_target != here:
+        raise EdgememError(
+            f"engine {root}: its TensorRT plans were built for {manifest.tensorrt_target}, this GPU is "
+            f"{here}; build them again here with `edgemem export --to tensorrt`"
+        )
+    return torch.device("cuda")
+
+
+def plan_module(root: Path, manifest: Manifest) -> Any:
+    """The TensorRT module that built the plans (`tensorrt_rtx` or `tensorrt`): only it reads them."""
+    import importlib
+
+    name = "tensorrt_rtx" if "tensorrt_rtx" in manifest.versions else "tensorrt"
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        package = "tensorrt-rtx-cu13" if name == "tensorrt_rtx" else "tensorrt"
+        raise EdgememError(f"engine {root}: its plans need {name} (pip install {package})") from exc
+
+
+class TrtEngine(BundleEngine):
+    """A bundle's TensorRT plans on an NVIDIA GPU: the contract of `OrtEngine` (numpy state in and
+    out, logits to the host), device buffers held as torch CUDA tensors, the answer's key/value
+    cache kept on the GPU between decode steps.
+
+    Each plan is deserialized on first use by the module that built it, with one execution context;
+    its tensors are checked against the manifest. Shapes outside the plan's optimisation profile
+    (an answer longer than `edgemem.export.tensorrt.ANSWER_BUDGET` tokens) are one clear error.
+    """
+
+    backend = "tensorrt"
+
+    def __init__(self, root: str | Path, *, verify: bool = False) -> None:
+        super().__init__(root, verify=verify)
+        if not self.manifest.tensorrt:
+            raise EdgememError(f"engine {self.root} has no TensorRT plans (export it with --to tensorrt)")
+        self.device = cuda_device(self.root, self.manifest)
+        self.trt = plan_module(self.root, self.manifest)
+        self._runtime = self.trt.Runtime(self.trt.Logger(self.trt.Logger.ERROR))
+        self._contexts: dict[str, tuple[Any, Any]] = {}
+        self._placeholder: Any = None  # an address for tensors with no elements
+
+    def session(self, graph: str) -> tuple[Any, Any]:
+        """(ICudaEngine, IExecutionContext) of one graph's plan, loaded on first use."""
+        if graph not in self._contexts:
+            relative = self.manifest.tensorrt[graph]
+            engine = self._runtime.deserialize_cuda_engine(inside(self.root, relative).read_bytes())
+            if engine is None:
+                raise EdgememError(
+                    f"engine {self.root}: cannot load {relative} (built by another TensorRT version or "
+                    "for another GPU); build it again with `edgemem export --to tensorrt`"
+                )
+            names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+            inputs = {n for n in names if engine.get_tensor_mode(n) == self.trt.TensorIOMode.INPUT}
+            spec = self.manifest.graphs[graph]
+            if inputs != set(spec.inputs) or set(names) - inputs != set(spec.outputs):
+                raise EdgememError(
+                    f"engine {self.root}: {relative} does not match its manifest; export it again"
+                )
+            self._contexts[graph] = (engine, engine.create_execution_context())
+        return self._contexts[graph]
+
+    def close(self) -> None:
+        self._contexts.clear()
+
+    def _address(self, tensor: torch.Tensor) -> int:
+        if tensor.numel():
+            return tensor.data_ptr()
+        if self._placeholder is None:
+            import torch
+
+            self._placeholder = torch.empty(64, dtype=torch.float32, device=self.device)
+        return self._placeholder.data_ptr()
+
+    def _run(self, graph: str, feed: dict[str, Any]) -> list[torch.Tensor]:
+        """Run one plan: inputs (numpy or CUDA tensors) -> its outputs as CUDA tensors, in order."""
+        import torch
+
+        engine, context = self.session(graph)
+        spec = self.manifest.graphs[graph]
+        held = []  # the inputs' device copies live until the run is over
+        for name in spec.inputs:
+            value = feed[name]
+            tensor = (
+                value if isinstance(value, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(value))
+            )
+            dtype = getattr(torch, _TORCH_DTYPES[engine.get_tensor_dtype(name).name])
+            tensor = tensor.to(self.device, dtype).contiguous()
+            if not context.set_input_shape(name, tuple(tensor.shape)):
+                raise EdgememError(
+                    f"engine {self.root}: {name} of shape {tuple(tensor.shape)} is outside the TensorRT "
+                    f"plan's profile (answers are limited to its token budget)"
+                )
+            context.set_tensor_address(name, self._address(tensor))
+            held.append(tensor)
+        outputs = []
+        for name in spec.outputs:
+            dtype = getattr(torch, _TORCH_DTYPES[engine.get_tensor_dtype(name).name])
+            tensor = torch.empty(tuple(context.get_tensor_shape(name)), dtype=dtype, device=self.device)
+            context.set_tensor_address(name, self._address(tensor))
+            outputs.append(tensor)
+        stream = torch.cuda.current_stream(self.device)
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise EdgememError(f"engine {self.root}: TensorRT could not run {graph}")
+        stream.synchronize()
+        return outputs
+
+    def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
+        """One segment: ids [S] or [1, S] -> the new state (on the host)."""
+        feed: dict[str, Any] = self._state_feed(state, "state_in.")
+        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        outputs = self._run(STEP_GRAPH, feed)
+        return {n: t.float().cpu().numpy() for n, t in zip(self.manifest.state_shapes, outputs, strict=True)}
+
+    def forward(
+        self, ids: Sequence[int] | np.ndarray, past: list[Any], state: NumpyState
+    ) -> tuple[np.ndarray, list[Any]]:
+        """As `OrtEngine.forward`; the returned cache stays on the GPU."""
+        spec = self.manifest.graphs[ANSWER_GRAPH]
+        feed: dict[str, Any] = self._state_feed(state, "state.")
+        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        feed.update(zip(spec.inputs[1 : 1 + len(past)], past, strict=True))
+        logits, *present = self._run(ANSWER_GRAPH, feed)
+        return logits[0].float().cpu().numpy(), present
 
 
 class OrtRuntime:
-    """`OrtEngine` behind the `Runtime` interface (MemoryState values, a transformers tokenizer).
+    """An engine (`OrtEngine`, or `TrtEngine`) behind the `Runtime` interface (MemoryState values, a
+    transformers tokenizer).
 
     numpy and torch share the state's memory on the way in and out: nothing is copied per segment
     beyond what ONNX Runtime writes.
     """
 
-    backend = "onnxruntime"
-
-    def __init__(self, engine: OrtEngine, tokenizer: Any) -> None:
+    def __init__(self, engine: BundleEngine, tokenizer: Any) -> None:
         from edgemem.armt import ARMTConfig
 
         m = engine.manifest
         self.engine = engine
+        self.backend = engine.backend
         self.tokenizer = tokenizer
         self.name = m.model_name
         self.model_id = m.engine_id
         self.adapter_hash = m.adapter_hash
         self.config = ARMTConfig(tuple(m.memory_layers), m.segment_len, m.num_write_tokens, m.d_mem, m.nu)
         if m.quantization:
-            self.backend = f"onnxruntime-{m.quantization}"
+            self.backend = f"{engine.backend}-{m.quantization}"
 
     @property
     def device(self) -> torch.device:
@@ -378,16 +567,33 @@ class OrtRuntime:
         return self.engine.generate_ids(self._to_numpy(state), prompt, stop_ids, **gen)
 
 
+def bundle_engine(
+    path: str | Path, options: OrtOptions | None = None, backend: str | None = None
+) -> BundleEngine:
+    """The engine for a bundle: TensorRT when it holds plans (`--to tensorrt`), else ONNX Runtime;
+    `backend` ('onnxruntime' or 'tensorrt') overrides the choice (a TensorRT bundle keeps its ONNX
+    graphs)."""
+    if backend is None:
+        backend = "tensorrt" if read_manifest(path).tensorrt else "onnxruntime"
+    if backend == "tensorrt":
+        return TrtEngine(path)
+    if backend == "onnxruntime":
+        return OrtEngine(path, options)
+    raise EdgememError(f"unknown engine backend {backend!r}: use onnxruntime or tensorrt")
+
+
 def open_engine(
     path: str | Path,
     *,
     model: str | None = None,
     adapter: str | Path | None = None,
     options: OrtOptions | None = None,
+    backend: str | None = None,
 ) -> OrtRuntime:
-    """Open an engine bundle for the app. `model` and `adapter`, when given, must be what the bundle
-    was exported from; anything else is refused with a one-line message."""
-    engine = OrtEngine(path, options)
+    """Open an engine bundle for the app (see `bundle_engine` for the backend). `model` and
+    `adapter`, when given, must be what the bundle was exported from; anything else is refused with
+    a one-line message."""
+    engine = bundle_engine(path, options, backend)
     adapter_sha = None
     if adapter is not None:
         adapter_path = Path(adapter).expanduser()
@@ -418,8 +624,8 @@ def find_default_engine(model: str, adapter: str | Path | None = None) -> Path |
         manifest = read_manifest(root)
     except EdgememError:
         return None
-    if manifest.quantization is not None:
-        return None
+    if manifest.quantization is not None or manifest.tensorrt:
+        return None  # the default is the float32 CPU engine: int8 changes answers, plans need a GPU
     if adapter is None:
         from edgemem.assistant import shipped_adapter
 
@@ -432,7 +638,7 @@ def find_default_engine(model: str, adapter: str | Path | None = None) -> Path |
     return root
 
 
-def load_tokenizer(engine: OrtEngine) -> Any:
+def load_tokenizer(engine: BundleEngine) -> Any:
     """The bundle's tokenizer through transformers (chat template included), from its files only."""
     import warnings
 

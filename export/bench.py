@@ -3,7 +3,8 @@
 Each backend runs in its own child process (its own peak RSS, nothing shared between them):
 
 - `torch-fp32`, `torch-bf16`: PyTorch eager (`TorchRuntime`) with the weights in that dtype;
-- `ort` (one per `--engine`): an engine bundle on ONNX Runtime, CPU provider (fp32 or int8);
+- `ort` (one per `--engine`): an engine bundle on ONNX Runtime, CPU provider (fp32 or int8), or
+  on TensorRT when the bundle holds plans (`--to tensorrt`; a GPU);
 - `llama.cpp`: llama-cpp-python on the model's GGUF file (its own Q4_1 weights). It has no memory:
   its "ingest" is the prompt processing of the same segments, each from an empty KV cache, i.e.
   the plain base model over the same text, the work ARMT adds its memory to.
@@ -95,7 +96,9 @@ def _measure_armt(spec: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mb": round(max(peak, process.memory_info().rss) / 1e6, 1),
         "threads": torch.get_num_threads()
         if runtime.backend == "torch"
-        else runtime.engine.options.session_options().intra_op_num_threads,
+        else runtime.engine.options.session_options().intra_op_num_threads
+        if runtime.engine.backend == "onnxruntime"
+        else None,
         "segment_len": S,
         "model_id": runtime.model_id,
     }
@@ -166,7 +169,7 @@ def _label(spec: dict[str, Any]) -> str:
     from edgemem.export.bundle import read_manifest
 
     manifest = read_manifest(spec["engine"])
-    return f"ort-{manifest.quantization or 'fp32'}"
+    return "tensorrt" if manifest.tensorrt else f"ort-{manifest.quantization or 'fp32'}"
 
 
 def _labels(runs: list[dict[str, Any]]) -> list[str]:

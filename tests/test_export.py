@@ -321,30 +321,133 @@ def test_importing_the_runtime_loads_neither_torch_nor_onnxruntime():
     assert proc.stdout.split() == ["False", "False"], proc.stderr
 
 
-def test_tensorrt_engines_build_from_the_bundle_without_a_gpu(tiny, tmp_path):
-    """The build path, up to the GPU boundary: TensorRT(-RTX) parses both graphs, builds a plan for
-    each (for a named compute capability when there is no GPU) and the manifest lists them."""
+@pytest.fixture(scope="module")
+def trt_bundle(tiny, tmp_path_factory):
+    """A copy of the tiny bundle with TensorRT plans of both graphs (for this GPU, or for SM89 with
+    TensorRT-RTX where there is none)."""
     from edgemem.export.tensorrt import build_engines, tensorrt_module
 
     if tensorrt_module() is None:
         pytest.skip("no TensorRT module (pip install tensorrt-rtx-cu13)")
-    copy = tmp_path / "trt"
+    copy = tmp_path_factory.mktemp("trt") / "bundle"
     shutil.copytree(tiny["bundle"], copy)
-    plans = build_engines(copy)
-    manifest = read_manifest(copy)
-    assert (
-        manifest.tensorrt
-        == plans
-        == {
-            "segment_step": "tensorrt/segment_step.plan",
-            "answer": "tensorrt/answer.plan",
-        }
-    )
-    assert all((copy / p).stat().st_size > 100_000 for p in plans.values())
+    build_engines(copy)
+    return copy
+
+
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="running a TensorRT plan needs an NVIDIA GPU and a CUDA build of PyTorch; none here "
+    "(scripts/gpu_check.sh runs these on a GPU machine)",
+)
+
+
+def test_tensorrt_engines_build_from_the_bundle_without_a_gpu(trt_bundle, tmp_path):
+    """The build path, up to the GPU boundary: TensorRT(-RTX) parses both graphs, builds a plan for
+    each (for a named compute capability when there is no GPU) and the manifest lists them."""
+    manifest = read_manifest(trt_bundle)
+    assert manifest.tensorrt == {
+        "segment_step": "tensorrt/segment_step.plan",
+        "answer": "tensorrt/answer.plan",
+    }
+    assert all((trt_bundle / p).stat().st_size > 100_000 for p in manifest.tensorrt.values())
     assert manifest.tensorrt_target == (None if torch.cuda.is_available() else "SM89")
-    (copy / plans["answer"]).unlink()
+    copy = tmp_path / "trt"
+    shutil.copytree(trt_bundle, copy)
+    (copy / manifest.tensorrt["answer"]).unlink()
     with pytest.raises(EdgememError, match="TensorRT engine tensorrt/answer.plan of answer is missing"):
         read_manifest(copy)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the plans run here")
+def test_ask_engine_on_a_tensorrt_bundle_without_a_gpu_is_one_line(trt_bundle, tmp_path):
+    """--engine picks TensorRT for a bundle with plans; with no GPU that is one clear line, exit 1."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    result = run("ask", "--engine", trt_bundle, doc, "What is the code?")
+    assert_one_line_error(result, "holds TensorRT plans, which run only on an NVIDIA GPU")
+
+
+def test_a_tensorrt_bundle_still_runs_its_onnx_graphs_on_onnxruntime(trt_bundle, tiny):
+    """The plans sit beside the ONNX graphs: asking for ONNX Runtime runs them, as before."""
+    runtime = open_engine(trt_bundle, backend="onnxruntime")
+    reference = open_engine(tiny["bundle"])
+    assert runtime.backend == "onnxruntime"
+    ids = random_segments(2)
+    a, b = runtime.empty_state(), reference.empty_state()
+    for segment in ids:
+        a, _ = runtime.step(segment, a)
+        b, _ = reference.step(segment, b)
+    for name, tensor in b.named_tensors().items():
+        assert torch.equal(a.named_tensors()[name], tensor), name
+
+
+@needs_gpu
+def test_tensorrt_engine_matches_onnxruntime(trt_bundle):
+    """On a GPU: the TensorRT plans against ONNX Runtime on the same bundle: the state after 8
+    segments (TensorRT may use TF32 for float32 matmuls, hence 1e-2), the answer logits and greedy
+    ids."""
+    from edgemem.runtime import TrtEngine
+
+    trt_runtime = open_engine(trt_bundle)
+    assert trt_runtime.backend == "tensorrt" and isinstance(trt_runtime.engine, TrtEngine)
+    ort_engine = OrtEngine(trt_bundle)
+    a, b = trt_runtime.engine.empty_state(), ort_engine.empty_state()
+    for segment in random_segments(8):
+        a = trt_runtime.engine.step(segment.numpy(), a)
+        b = ort_engine.step(segment.numpy(), b)
+    for name in b:
+        assert np.linalg.norm(a[name] - b[name]) <= 1e-2 * np.linalg.norm(b[name]) + 1e-5, name
+    prompt = [5, 6, 7, 8, 9]
+    logits_trt, _ = trt_runtime.engine.forward(prompt, trt_runtime.engine.empty_past(), b)
+    logits_ort, _ = ort_engine.forward(prompt, ort_engine.empty_past(), b)
+    np.testing.assert_allclose(logits_trt, logits_ort, rtol=1e-2, atol=1e-2)
+    expected = list(ort_engine.generate_ids(b, prompt, set(), max_new_tokens=8))
+    assert list(trt_runtime.engine.generate_ids(b, prompt, set(), max_new_tokens=8)) == expected
+
+
+@needs_gpu
+def test_ask_engine_on_a_tensorrt_bundle_gives_the_onnxruntime_answer(
+    trt_bundle, tiny, tmp_path, monkeypatch
+):
+    """On a GPU: `ask --engine` on the TensorRT bundle streams the answer ONNX Runtime gives (each
+    in its own library, so neither reuses the other's stored state)."""
+    doc = tmp_path / "doc.txt"
+    doc.write_text(TEXT)
+    answers = []
+    for home, bundle in (("trt", trt_bundle), ("ort", tiny["bundle"])):
+        monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / home))
+        result = run("ask", "--engine", bundle, doc, "What is the code?", "--max-new-tokens", "8")
+        assert result.exit_code == 0, result.output
+        answers.append(result.stdout.strip())
+    assert answers[0] and answers[0] == answers[1]
+
+
+def _cuda_provider() -> bool:
+    import onnxruntime as ort
+
+    return torch.cuda.is_available() and "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+@pytest.mark.skipif(
+    not _cuda_provider(),
+    reason="the CUDA execution provider needs onnxruntime-gpu (pip install 'edgemem[gpu]') and an NVIDIA "
+    "GPU; none here (scripts/gpu_check.sh runs this on a GPU machine)",
+)
+def test_cuda_provider_matches_the_cpu_provider(tiny):
+    """On a GPU: OrtOptions(device='cuda') runs the graphs on the CUDA provider (not a silent CPU
+    fallback) and gives the CPU provider's state after 8 segments (1e-2: TF32 may be on) and its
+    greedy ids."""
+    cpu, gpu = OrtEngine(tiny["bundle"]), OrtEngine(tiny["bundle"], OrtOptions(device="cuda"))
+    assert gpu.session("segment_step").get_providers()[0] == "CUDAExecutionProvider"
+    a, b = gpu.empty_state(), cpu.empty_state()
+    for segment in random_segments(8):
+        a, b = gpu.step(segment.numpy(), a), cpu.step(segment.numpy(), b)
+    for name in b:
+        assert np.linalg.norm(a[name] - b[name]) <= 1e-2 * np.linalg.norm(b[name]) + 1e-5, name
+    prompt = [5, 6, 7, 8, 9]
+    expected = list(cpu.generate_ids(b, prompt, set(), max_new_tokens=8))
+    assert list(gpu.generate_ids(b, prompt, set(), max_new_tokens=8)) == expected
 
 
 def test_export_to_tensorrt_without_tensorrt_is_one_line(tmp_path, monkeypatch):

@@ -1,7 +1,9 @@
 """The fused Triton kernels against the PyTorch reference (`edgemem.memory`) on random shapes.
 
 On a machine without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set here
-before the kernels are imported): the same kernel code, executed on the CPU for correctness.
+before the kernels are imported): the same kernel code, executed on the CPU for correctness. On a
+GPU, `TRITON_INTERPRET=0 python -m pytest tests/test_kernels.py` runs them compiled, on the device
+(scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def test_sixteen_segments_of_fused_writes_track_the_reference():
         beta = torch.rand(1, M, generator=g)
         A_ref, z_ref = reference.memory_write(k, v, beta, A_ref, z_ref, first=i == 0)
         A_fused, z_fused = fused.memory_write(
-            k.to(DEVICE), v.to(DEVICE), beta.to(DEVICE), A_fused, z_fused, i == 0
+            k.to(DEVICE), v.to(DEVICE), beta.to(DEVICE), A_fused.to(DEVICE), z_fused.to(DEVICE), i == 0
         )
         A_fused, z_fused = A_fused.cpu(), z_fused.cpu()
     torch.testing.assert_close(A_fused, A_ref, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The GPU paths of issue 4 that the CPU development machine could not run, checked and timed in one
+# short run on a machine with an NVIDIA GPU. Run from the repository root:
+#
+#     scripts/gpu_check.sh [OUT]            # OUT: where the logs go (default gpu-check/)
+#     GPU_CHECK_REAL=1 scripts/gpu_check.sh # also SmolLM2: export with TensorRT plans, bench runtimes
+#
+# Needs (nothing is installed here): a CUDA build of torch (`pip install torch==2.13.0` from the
+# CUDA index), triton, onnxruntime-gpu in place of onnxruntime (`pip install 'edgemem[gpu]'`), and
+# tensorrt or tensorrt-rtx-cu13. A missing one turns its step into a skip with the reason, never a
+# failure of the others. About 4 minutes without GPU_CHECK_REAL (most of it the tiny bundle's
+# export inside the tests); SmolLM2 adds its export (~5 CPU-minutes) and the benchmark (~3 min).
+#
+# Steps, each with its own log in OUT and one line in OUT/summary.txt:
+#   env       the GPU, torch/CUDA, ONNX Runtime providers, TensorRT module, triton versions
+#   kernels   the Triton kernels compiled on the device against the PyTorch reference
+#             (tests/test_kernels.py with TRITON_INTERPRET=0), then timed at SmolLM2's shapes
+#   engines   tests/test_export.py -k "tensorrt or cuda": TensorRT plans built for this GPU and run
+#             against ONNX Runtime (state, logits, greedy ids, `ask --engine`); the CUDA execution
+#             provider against the CPU provider
+#   plugin    scripts/trt_plugin_probe.py: whether this TensorRT can register and build a plugin
+#   real      (GPU_CHECK_REAL=1) SmolLM2 exported with --to tensorrt, `edgemem bench runtimes` on
+#             torch fp32 (the PyTorch backend runs on the CPU) and the TensorRT plans
+# Run it here with no GPU and every step reports its skip: that is the dry run of this script.
+set -u
+OUT=${1:-gpu-check}
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+export OMP_WAIT_POLICY=PASSIVE
+
+step() { # step NAME COMMAND...: run, log, one summary line
+    local name=$1
+    shift
+    local start=$SECONDS
+    "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    local tail_line
+    tail_line=$(grep -E "passed|failed|skipped|error" "$OUT/$name.log" | tail -1)
+    echo "$name: exit $rc, $((SECONDS - start)) s${tail_line:+; $tail_line}" | tee -a "$SUMMARY"
+}
+
+step env python - <<'EOF'
+import importlib, shutil, subprocess
+smi = shutil.which("nvidia-smi")
+print(subprocess.run([smi, "-L"], capture_output=True, text=True).stdout.strip() if smi else "no nvidia-smi")
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("device", torch.cuda.get_device_name(0), "capability", torch.cuda.get_device_capability(0))
+import onnxruntime as ort
+print("onnxruntime", ort.__version__, ort.get_available_providers())
+for name in ("tensorrt", "tensorrt_rtx", "triton"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except ImportError as exc:
+        print(name, "not installed:", exc)
+EOF
+
+GPU=$(python -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null || echo 0)
+if [ "$GPU" = 1 ]; then
+    step kernels env TRITON_INTERPRET=0 python -m pytest -q -rs tests/test_kernels.py
+else # compiled Triton kernels cannot launch without a GPU; the interpreted run is the CPU test-suite's
+    echo "kernels: skipped: torch sees no CUDA GPU" | tee -a "$SUMMARY"
+fi
+
+step kernels-time env TRITON_INTERPRET=0 python - <<'EOF'
+# Fused Triton kernels vs the PyTorch reference at SmolLM2's shapes: DPFP-3 of d_mem 64 (K = 384),
+# D = 576, a 512-token read, a 16-token write; median of 50 CUDA-event timings after 10 warm-ups.
+import json, statistics, torch
+from edgemem.kernels import reference, triton_ops as fused
+if not torch.cuda.is_available():
+    print("skipped: no GPU")
+    raise SystemExit(0)
+dev = "cuda"
+B, T, M, d, D = 1, 512, 16, 64, 576
+x = torch.randn(B, T, d, device=dev)
+k = reference.dpfp(torch.randn(B, M, d, device=dev) * 0.3)
+v, beta = torch.randn(B, M, D, device=dev), torch.rand(B, M, device=dev)
+A, z = reference.memory_write(k, v, beta, torch.zeros(B, 384, D, device=dev), torch.zeros(B, 384, device=dev), True)
+phi = reference.dpfp(x)
+cases = {
+    "dpfp [1,512,64]": (lambda m: m.dpfp(x)),
+    "memory_read T=512": (lambda m: m.memory_read(phi, A, z)),
+    "memory_write M=16": (lambda m: m.memory_write(k, v, beta, A, z, False)),
+}
+def ms(fn):
+    for _ in range(10):
+        fn()
+    times = []
+    for _ in range(50):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record(); fn(); e.record(); torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+out = {name: {"reference_ms": round(ms(lambda: f(reference)), 4), "triton_ms": round(ms(lambda: f(fused)), 4)}
+       for name, f in cases.items()}
+print(json.dumps({"device": torch.cuda.get_device_name(0), "results": out}, indent=1))
+EOF
+
+step engines python -m pytest -q -rs tests/test_export.py -k "tensorrt or cuda"
+
+step plugin python scripts/trt_plugin_probe.py
+
+if [ "${GPU_CHECK_REAL:-0}" = 1 ]; then
+    BUNDLE="$OUT/smol-trt"
+    rm -rf "$BUNDLE"
+    step real-export edgemem export --model smollm2-135m-instruct --to tensorrt --out "$BUNDLE"
+    step real-bench edgemem bench runtimes --engine "$BUNDLE" --backends torch-fp32,ort \
+        --tokens 4096 --answer-tokens 32 --out "$OUT/bench-runtimes-gpu.json"
+fi
+echo "logs in $OUT/; summary:"
+cat "$SUMMARY"
