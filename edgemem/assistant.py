@@ -120,9 +120,10 @@ class Assistant:
         """
         key = self.library_key(source.content_hash)
         shapes = self.runtime.state_shapes()
+        state_type = type(self.runtime.empty_state())  # MemoryState, or SwaxState for a SWAX model
         record = None if force else library.find(*key)
         if record is not None:
-            return record, library.load(record, shapes), True
+            return record, library.load(record, shapes, state_type), True
         path = str(source.root.resolve())
         state, start = None, 0
         checkpoint = library.find_checkpoint(*key)
@@ -131,7 +132,7 @@ class Assistant:
         elif checkpoint is not None:
             try:
                 state, start = (
-                    library.load_checkpoint(checkpoint, shapes),
+                    library.load_checkpoint(checkpoint, shapes, state_type),
                     checkpoint.tokens,
                 )
             except EdgememError as exc:

@@ -102,9 +102,12 @@ def models() -> None:
 
 def _open(model: str | None, adapter: str | None, segment_len: int | None, engine: str | None = None):
     from edgemem.assistant import Assistant
+    from edgemem.cli_swax import is_swax_checkpoint, open_swax_assistant
     from edgemem.models import DEFAULT_MODEL
     from edgemem.runtime import OrtOptions, find_default_engine
 
+    if engine in (None, "torch") and is_swax_checkpoint(model):  # a SWAX checkpoint as --model
+        return open_swax_assistant(model, adapter, segment_len)
     if engine is None and segment_len is None and adapter is None:
         found = find_default_engine(model or DEFAULT_MODEL)  # the fastest CPU backend, once exported
         if found is not None:
@@ -261,10 +264,6 @@ def ask(
         raise EdgememError("the question is empty")
     parse_duration(max_time)
     source = _scan(path, max_size)
-    from edgemem.cli_swax import is_swax_checkpoint, swax_ask  # a SWAX checkpoint as --model
-
-    if model is not None and is_swax_checkpoint(model):
-        return swax_ask(source, question, model, max_new_tokens, temperature, seed)
     assistant = _open(model, adapter, segment_len, engine)
     _record, doc, _reused = _ingest(assistant, source, max_time=max_time)
     pieces = assistant.ask(

@@ -76,6 +76,17 @@ def export_cmd(
     out = out.expanduser()
     if out.exists() and not force:
         raise EdgememError(f"{out} exists; choose another --out or pass --force to replace it")
+    from edgemem.cli_swax import export_swax, is_swax_checkpoint
+
+    if is_swax_checkpoint(model):  # a SWAX checkpoint: graphs of its own (edgemem/export/swax_onnx.py)
+        if to != "onnx" or quantize is not None or source is not None or adapter is not None:
+            raise EdgememError(
+                "a SWAX checkpoint exports to an ONNX bundle only: drop --to, --quantize, --from, --adapter"
+            )
+        with err.status("exporting...") as status:
+            manifest = export_swax(model, out, segment_len, force, log=lambda message: status.update(message))
+        _report(out, manifest)
+        return
     if source is not None:
         if quantize is None or to != "onnx":
             raise EdgememError("--from BUNDLE makes a quantized copy: give --quantize int8 (and no --to)")

@@ -86,11 +86,19 @@ class Runtime(Protocol):
 
 
 def answer(runtime: Runtime, doc: IngestResult, question: str, **generation: Any) -> Iterator[str]:
-    """Stream the answer to `question` about an ingested document through any backend."""
+    """Stream the answer to `question` about an ingested document through any backend.
+
+    A runtime whose model has a question format of its own (SWAX byte models) says so with
+    `answer_prompt(tail_ids, question) -> (prompt ids, stop ids)`; the others get the chat prompt."""
     from edgemem.armt import prompt_ids, stop_token_ids, stream_text
 
-    prompt = prompt_ids(runtime.tokenizer, doc.tail_ids, question)
-    ids = runtime.generate_ids(doc.state, prompt, stop_token_ids(runtime.tokenizer), **generation)
+    own_prompt = getattr(runtime, "answer_prompt", None)
+    if own_prompt is not None:
+        prompt, stop_ids = own_prompt(doc.tail_ids, question)
+    else:
+        prompt = prompt_ids(runtime.tokenizer, doc.tail_ids, question)
+        stop_ids = stop_token_ids(runtime.tokenizer)
+    ids = runtime.generate_ids(doc.state, prompt, stop_ids, **generation)
     return stream_text(runtime.tokenizer, ids)
 
 
@@ -594,6 +602,10 @@ def open_engine(
     `adapter`, when given, must be what the bundle was exported from; anything else is refused with
     a one-line message."""
     engine = bundle_engine(path, options, backend)
+    if engine.manifest.architecture == "swax":  # a SWAX bundle: a byte model with graphs of its own
+        from edgemem.swax_runtime import open_swax_engine
+
+        return open_swax_engine(engine, model=model, adapter=adapter)  # type: ignore[return-value]
     adapter_sha = None
     if adapter is not None:
         adapter_path = Path(adapter).expanduser()

@@ -327,10 +327,15 @@ class Library:
                 ) from exc
             raise EdgememError(f"cannot save the state of {path}: {exc.strerror}") from exc
 
-    def load(self, record: Record, expected_shapes: dict[str, tuple[int, ...]]) -> IngestResult:
-        """Read and verify a stored state; any mismatch is an EdgememError, never a silent bad state."""
+    def load(
+        self, record: Record, expected_shapes: dict[str, tuple[int, ...]], state_type: type = MemoryState
+    ) -> IngestResult:
+        """Read and verify a stored state; any mismatch is an EdgememError, never a silent bad state.
+        `state_type` (MemoryState, or SwaxState) builds the state from its named tensors."""
         problem = f"stored state for {record.path} (library id {record.id})"
-        return self._read_state(record.state_file, record.state_sha256, problem, record, expected_shapes)
+        return self._read_state(
+            record.state_file, record.state_sha256, problem, record, expected_shapes, state_type
+        )
 
     # ----- checkpoints of unfinished ingests -----
 
@@ -396,12 +401,15 @@ class Library:
         return Checkpoint(*row) if row else None
 
     def load_checkpoint(
-        self, checkpoint: Checkpoint, expected_shapes: dict[str, tuple[int, ...]]
+        self,
+        checkpoint: Checkpoint,
+        expected_shapes: dict[str, tuple[int, ...]],
+        state_type: type = MemoryState,
     ) -> MemoryState:
         """The verified state of an unfinished ingest (an EdgememError if it is damaged)."""
         problem = f"saved progress of the ingest of {checkpoint.path}"
         result = self._read_state(
-            checkpoint.state_file, checkpoint.state_sha256, problem, checkpoint, expected_shapes
+            checkpoint.state_file, checkpoint.state_sha256, problem, checkpoint, expected_shapes, state_type
         )
         if result.tokens != checkpoint.tokens or result.state.writes != checkpoint.segments:
             raise EdgememError(f"{problem} does not match its library entry")
@@ -459,6 +467,7 @@ class Library:
         problem: str,
         owner: Record | Checkpoint,
         expected_shapes: dict[str, tuple[int, ...]],
+        state_type: type = MemoryState,
     ) -> IngestResult:
         if not STATE_FILE_RE.fullmatch(state_file):
             raise EdgememError(f"{problem} has an invalid file name in the library database")
@@ -481,7 +490,7 @@ class Library:
             tensors = load(data)
         except (SafetensorError, ValueError, struct.error, UnicodeDecodeError) as exc:
             raise EdgememError(f"{problem} is unreadable: {str(exc)[:120]}") from exc
-        return _verify_state(problem, meta, tensors, owner, expected_shapes)
+        return _verify_state(problem, meta, tensors, owner, expected_shapes, state_type)
 
     # ----- checking the whole library -----
 
@@ -549,6 +558,7 @@ def _verify_state(
     tensors: dict[str, torch.Tensor],
     record: Record | Checkpoint,
     expected_shapes: dict[str, tuple[int, ...]],
+    state_type: type = MemoryState,
 ) -> IngestResult:
     if meta.get("format") != STATE_FORMAT:
         raise EdgememError(f"{problem} is not an edgemem state file")
@@ -568,5 +578,8 @@ def _verify_state(
         raise EdgememError(f"{problem} has invalid metadata") from exc
     if writes < 0 or tokens < 0 or tokens < len(tail):
         raise EdgememError(f"{problem} has invalid metadata")
-    state = MemoryState.from_named_tensors({k: v for k, v in tensors.items() if k != "tail_ids"}, writes)
+    try:
+        state = state_type.from_named_tensors({k: v for k, v in tensors.items() if k != "tail_ids"}, writes)
+    except ValueError as exc:
+        raise EdgememError(f"{problem} is not a valid state: {exc}") from exc
     return IngestResult(state, tail.tolist(), tokens)

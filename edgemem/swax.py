@@ -11,7 +11,7 @@ The equations are REFERENCE.md section 2. Every layer has two forms that give th
 `SwaxModel.step(input_ids [B, S], state) -> (state', logits | None)` follows the ARMT contract: the
 state's shapes never depend on how many tokens were read (per attention layer the keys and values
 of the last W - 1 tokens, per mLSTM layer C [B, H, dk, dv], n [B, H, dk], m [B, H], per Gated
-DeltaNet layer S [B, H, dk, dv]).
+DeltaNet layer S [B, H, dk, dv], and the position: how many tokens were read, which RoPE needs).
 
 The window of the attention layers is a forward argument, so that training can change it per batch
 (`WindowSchedule`); inference uses `SwaxConfig.window`, which sizes the state.
@@ -32,6 +32,7 @@ from torch import Tensor, nn
 # that state files and exported graphs hold no infinities. exp(M_EMPTY + anything finite) == 0.
 M_EMPTY = -1.0e30
 EPS = 1e-6
+POSITION = "position"  # the state tensor holding how many tokens were read
 RECURRENT_KINDS = ("mlstm", "gdn")
 
 
@@ -77,16 +78,34 @@ class SwaxConfig:
 
 @dataclass(frozen=True)
 class SwaxState:
-    """The fixed-size state of a SWAX model after `tokens` tokens: flat named tensors."""
+    """The fixed-size state of a SWAX model after `tokens` tokens: flat named tensors.
+
+    `writes` counts the `step` calls that made it (the segments of an ingest), as
+    `MemoryState.writes` does. `named_tensors()` adds the position as `position` [1] (int64), so
+    that a saved or exported state is whole: the names and shapes are what the library stores and
+    what an ONNX step graph takes and returns.
+    """
 
     tensors: dict[str, Tensor] = field(default_factory=dict)
     tokens: int = 0
+    writes: int = 0
 
     def named_tensors(self) -> dict[str, Tensor]:
-        return dict(self.tensors)
+        device = next(iter(self.tensors.values())).device if self.tensors else None
+        position = torch.tensor([self.tokens], dtype=torch.long, device=device)
+        return {**self.tensors, POSITION: position}
+
+    @classmethod
+    def from_named_tensors(cls, tensors: dict[str, Tensor], writes: int) -> SwaxState:
+        """The inverse of `named_tensors` (ValueError when the position is not one count >= 0)."""
+        position = tensors.get(POSITION)
+        if position is None or position.dtype != torch.long or position.shape != (1,) or int(position) < 0:
+            raise ValueError("a SWAX state needs its position: one int64 count >= 0")
+        rest = {k: v for k, v in tensors.items() if k != POSITION}
+        return cls(rest, int(position), writes)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return sum(t.numel() * t.element_size() for t in self.named_tensors().values())
 
     def layer(self, index: int) -> dict[str, Tensor]:
         prefix = f"layers.{index}."
@@ -232,15 +251,23 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int, k_start: int
 
     q [B, H, Tq, d], k, v [B, H, Tk, d] -> [B, H, Tq, d]. Keys at negative positions are padding.
     """
+    return _window_attention(q, k, v, q_start, q_start - k_start, window)
+
+
+def _window_attention(
+    q: Tensor, k: Tensor, v: Tensor, q_start: int | Tensor, offset: int, window: int
+) -> Tensor:
+    """`window_attention` with the keys starting `offset` positions before the queries: which keys a
+    block meets depends on `offset` only, so `q_start` may be a 0-d tensor (an exported graph)."""
     Tq, Tk = q.shape[2], k.shape[2]
     block = max(64, window)
     out = []
     for a in range(0, Tq, block):
         b = min(Tq, a + block)
-        lo = max(0, q_start + a - window + 1 - k_start)
-        hi = min(Tk, q_start + b - k_start)
-        q_pos = torch.arange(q_start + a, q_start + b, device=q.device)
-        k_pos = torch.arange(k_start + lo, k_start + hi, device=q.device)
+        lo = max(0, a - window + 1 + offset)
+        hi = min(Tk, b + offset)
+        q_pos = q_start + torch.arange(a, b, device=q.device)
+        k_pos = q_start - offset + torch.arange(lo, hi, device=q.device)
         mask = window_mask(q_pos, k_pos, window)
         out.append(
             F.scaled_dot_product_attention(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], attn_mask=mask)
@@ -248,11 +275,12 @@ def window_attention(q: Tensor, k: Tensor, v: Tensor, q_start: int, k_start: int
     return torch.cat(out, dim=2)
 
 
-def rope(x: Tensor, start: int, base: float) -> Tensor:
-    """Rotary position embedding (rotate-half) of x [B, H, T, d] at positions start..start+T-1."""
+def rope(x: Tensor, start: int | Tensor, base: float) -> Tensor:
+    """Rotary position embedding (rotate-half) of x [B, H, T, d] at positions start..start+T-1
+    (`start` an int, or a 0-d int64 tensor in an exported graph)."""
     d = x.shape[-1]
     inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)
-    pos = torch.arange(start, start + x.shape[2], dtype=torch.float64, device=x.device)
+    pos = start + torch.arange(x.shape[2], dtype=torch.float64, device=x.device)
     ang = pos[:, None] * inv[None, :]
     cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
@@ -302,7 +330,7 @@ class SlidingWindowAttention(nn.Module):
         }
 
     def forward(
-        self, x: Tensor, window: int, start: int = 0, state: dict[str, Tensor] | None = None
+        self, x: Tensor, window: int, start: int | Tensor = 0, state: dict[str, Tensor] | None = None
     ) -> tuple[Tensor, dict[str, Tensor] | None]:
         """x [B, T, D] at positions start.. -> ([B, T, D], state' or None when no state was given)."""
         H = self.config.n_heads
@@ -313,7 +341,7 @@ class SlidingWindowAttention(nn.Module):
             return self.out(_merge(y)), None
         keep = state["k"].shape[2]  # W - 1
         k_all, v_all = torch.cat([state["k"], k], dim=2), torch.cat([state["v"], v], dim=2)
-        y = window_attention(q, k_all, v_all, start, start - keep, window)
+        y = _window_attention(q, k_all, v_all, start, keep, window)
         new = {"k": k_all[:, :, k_all.shape[2] - keep :], "v": v_all[:, :, v_all.shape[2] - keep :]}
         return self.out(_merge(y)), new
 
@@ -488,7 +516,8 @@ class SwaxModel(nn.Module):
         return SwaxState(tensors, 0)
 
     def state_shapes(self, batch: int = 1) -> dict[str, tuple[int, ...]]:
-        return {name: tuple(t.shape) for name, t in self.empty_state(batch).tensors.items()}
+        """Names and shapes of the state's tensors, the position included (`SwaxState.named_tensors`)."""
+        return {name: tuple(t.shape) for name, t in self.empty_state(batch).named_tensors().items()}
 
     def step(
         self, input_ids: Tensor, state: SwaxState, return_logits: bool = False, recurrent: bool = False
@@ -503,7 +532,7 @@ class SwaxModel(nn.Module):
             x, st = block(x, self.config.window, state.tokens, state.layer(i), recurrent)
             assert st is not None
             tensors.update({f"layers.{i}.{k}": v for k, v in st.items()})
-        new = SwaxState(tensors, state.tokens + input_ids.shape[1])
+        new = SwaxState(tensors, state.tokens + input_ids.shape[1], state.writes + 1)
         return new, (self._logits(x) if return_logits else None)
 
 

@@ -174,6 +174,17 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def replace_folder(built: Path, out: Path) -> None:
+    """Move the folder `built` to `out`, replacing what is there: the old one is renamed aside
+    first and removed last, so `out` is the old bundle or the new one at any moment."""
+    old = out.with_name(f".{out.name}.old")
+    if out.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(out, old)
+    os.replace(built, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def export_bundle(
     armt: ARMT,
     tokenizer: object,
@@ -242,12 +253,7 @@ def export_bundle(
         )
         write_manifest(tmp, manifest)
         assert (tmp / MANIFEST).is_file()
-        old = out.with_name(f".{out.name}.old")
-        if out.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-        os.replace(tmp, out)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_folder(tmp, out)
         return manifest
     finally:
         if tmp.exists():

@@ -135,8 +135,8 @@ def test_state_size_does_not_depend_on_length(recurrent):
     with torch.no_grad():
         short, _ = model.step(torch.randint(0, 50, (1, 3)), model.empty_state())
         long, _ = model.step(torch.randint(0, 50, (1, 300)), model.empty_state())
-    shapes = {k: tuple(v.shape) for k, v in short.tensors.items()}
-    assert shapes == {k: tuple(v.shape) for k, v in long.tensors.items()} == model.state_shapes()
+    shapes = {k: tuple(v.shape) for k, v in short.named_tensors().items()}
+    assert shapes == {k: tuple(v.shape) for k, v in long.named_tensors().items()} == model.state_shapes()
     assert short.nbytes() == long.nbytes()
     assert long.tokens == 300
 
