@@ -21,7 +21,6 @@ model store their states under the same key (same model id and segment length).
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,18 +102,14 @@ def swax_model_name(checkpoint: Path) -> str:
 
 def load_swax(path: Path) -> SwaxModel:
     """The model of a SWAX checkpoint, in eval mode, with the window it was trained to end with."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
+    from edgemem.files import read_safetensors
     from edgemem.swax import SwaxConfig, SwaxModel
 
+    meta, tensors = read_safetensors(path, "SWAX checkpoint")
     try:
-        with safe_open(str(path), "pt") as handle:
-            config = SwaxConfig.from_json(handle.metadata()["swax_config"])
-        tensors = load_file(str(path))
-        model = SwaxModel(config)
+        model = SwaxModel(SwaxConfig.from_json(meta["swax_config"]))
         model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-    except (OSError, KeyError, TypeError, ValueError, RuntimeError, json.JSONDecodeError) as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise EdgememError(f"{path}: not a usable SWAX checkpoint ({exc})") from exc
     return model.eval()
 

@@ -1,8 +1,17 @@
 """Training a SWAX model: byte data, niah-style retrieval items, the loop, checkpoints, logs.
 
-Small and generic on purpose (the project trainer, edgemem/train.py, was not there yet when this was
-written): `cosine_lr`, `save_checkpoint` / `load_checkpoint` (safetensors: model, AdamW state,
-RNG states, step; atomic), `append_jsonl` are independent of SWAX and can merge into it.
+Files go through the project's helpers (`edgemem.files`: atomic writes, the one safetensors reader).
+Three things stay apart from the project trainer (edgemem/train.py) on purpose:
+- `cosine_lr` is `train.learning_rate`'s formula (warm-up, cosine to 10%) written with other
+  floating-point operations: the two differ in the last bit at 160 of the reproduction's 500 steps,
+  and the reproduction in docs/RESULTS.md was trained with this one, so switching would stop
+  `scripts/swax_repro.py run` from regenerating its numbers exactly; `step_rng` likewise draws the
+  windows the reproduction was trained with;
+- the checkpoint also holds the data generator's state, the optimizer's parameter groups and the
+  SWAX configuration (`swax_config`, which marks a SWAX checkpoint for `edgemem ask --model`), which
+  `train.save_checkpoint` (ARMT's trainable parameters, torch RNG, step) does not carry;
+- `append_jsonl` / `read_jsonl`: the trainer's log helpers are private to it and split records
+  by their evaluation fields.
 
 Data is bytes (vocabulary 256): `ByteStream` samples fixed-length windows of real text;
 `niah_sequence` hides a needle " magic <key>=<digits>. " in a haystack at a given depth and ends
@@ -22,10 +31,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import Tensor
 
-from edgemem.files import atomic_write
+from edgemem.files import atomic_write, read_safetensors
 from edgemem.swax import SwaxConfig, SwaxModel, WindowSchedule
 
 # ----- generic helpers -----
@@ -62,12 +71,9 @@ def save_checkpoint(
 def load_checkpoint(
     path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> tuple[int, dict[str, Tensor], dict[str, str]]:
-    """Restore what `save_checkpoint` wrote -> (step, rng tensors, metadata)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), "pt") as handle:
-        meta = handle.metadata() or {}
-    tensors = load_file(str(path))
+    """Restore what `save_checkpoint` wrote -> (step, rng tensors, metadata). An unreadable file
+    is one EdgememError."""
+    meta, tensors = read_safetensors(path, "SWAX checkpoint")
     model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
     if optimizer is not None:
         state: dict[int, dict[str, Tensor]] = {}

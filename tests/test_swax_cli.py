@@ -140,3 +140,18 @@ def test_other_files_are_not_swax_checkpoints(tmp_path):
     assert not cli_swax.is_swax_checkpoint(str(other))
     assert not cli_swax.is_swax_checkpoint(str(tmp_path / "missing.safetensors"))
     assert not cli_swax.is_swax_checkpoint("smollm2-135m-instruct")
+
+
+def test_a_damaged_swax_checkpoint_is_one_error_line(tmp_path):
+    """A file marked as a SWAX checkpoint whose configuration or weights do not load: exit 1 and one
+    `error:` line, no traceback."""
+    bad = tmp_path / "ckpt.safetensors"
+    save_file(
+        {"model.embed.weight": torch.zeros(3, 3)}, str(bad), metadata={"swax_config": '{"d_model": 32}'}
+    )
+    doc = tmp_path / "doc.txt"
+    doc.write_text("text\n")
+    result = CliRunner().invoke(app, ["ask", str(doc), "q", "--model", str(bad)])
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "not a usable SWAX checkpoint" in lines[0], result.stderr
