@@ -64,6 +64,11 @@ class ARMTConfig:
     nu: int = 3
     lora_rank: int = 0  # > 0: low-rank adapters on every decoder layer's projections (LORA_TARGETS)
     lora_alpha: float = 16.0
+    # The memory's projections see the hidden states through the layer's own input RMSNorm
+    # (`input_layernorm`, frozen base weights). Without it they see the raw residual stream, whose
+    # scale in SmolLM2 runs from ~5 (rms) to ~25,000 (the segment's first token), and the
+    # gradients of W_V reach hundreds (docs/RESULTS.md, "Training the memory").
+    norm_inputs: bool = False
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -72,11 +77,14 @@ class ARMTConfig:
         return cls(**overrides)  # type: ignore[arg-type]
 
     def to_json(self) -> str:
-        """JSON of the config; without LoRA the LoRA fields are left out, so adapters and stored
-        states keyed by the config keep the hashes they had before LoRA existed."""
+        """JSON of the config; without LoRA the LoRA fields are left out, and so is norm_inputs when
+        off, so adapters and stored states keyed by the config keep the hashes they had before
+        those options existed."""
         data = asdict(self)
         if not self.lora_rank:
             del data["lora_rank"], data["lora_alpha"]
+        if not self.norm_inputs:
+            del data["norm_inputs"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -137,21 +145,30 @@ class MemoryLayer(nn.Module):
     it is exactly the original layer.
     """
 
-    def __init__(self, layer: nn.Module, memory: AssociativeMemory, index: int) -> None:
+    def __init__(
+        self, layer: nn.Module, memory: AssociativeMemory, index: int, norm: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.layer = layer
         self.memory = memory
         self.index = index
+        # The layer's own input RMSNorm when config.norm_inputs. Held in a tuple so that it is not
+        # registered a second time: it already belongs to `layer`, and state dicts stay as they were.
+        self._norm = (norm,) if norm is not None else ()
+
+    def _memory_input(self, h: Tensor) -> Tensor:
+        return self._norm[0](h) if self._norm else h
 
     def forward(self, hidden_states: Tensor, *args: object, armt: _SegmentContext | None = None, **kwargs):
         if armt is None:
             return self.layer(hidden_states, *args, **kwargs)
         A, z = armt.state.A[self.index], armt.state.z[self.index]
         if armt.state.writes > 0:  # an empty memory reads exactly zero: skip the work
-            hidden_states = hidden_states + self.memory.read(hidden_states, A, z).to(hidden_states.dtype)
+            read = self.memory.read(self._memory_input(hidden_states), A, z)
+            hidden_states = hidden_states + read.to(hidden_states.dtype)
         out = self.layer(hidden_states, *args, **kwargs)
         if armt.write_tokens:
-            m = out[:, -armt.write_tokens :]
+            m = self._memory_input(out[:, -armt.write_tokens :])
             armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
                 m, A, z, first=armt.state.writes == 0
             )
@@ -241,7 +258,10 @@ class ARMT(nn.Module):
                         setattr(parent, attr, wrapped)
                         self.lora[f"{j}_{attr}"] = wrapped
         for i in config.memory_layers:
-            layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i)
+            norm = getattr(layers[i], "input_layernorm", None) if config.norm_inputs else None
+            if config.norm_inputs and not isinstance(norm, nn.Module):
+                raise EdgememError(f"norm_inputs: layer {i} of {type(base).__name__} has no input_layernorm")
+            layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i, norm)
 
     # ----- the state -----
 
@@ -408,6 +428,8 @@ def _config_problem(config: ARMTConfig) -> str | None:
     for name, (low, high) in limits.items():
         if not whole(getattr(config, name), low, high):
             return f"{name} {getattr(config, name)!r} is not a whole number from {low} to {high}"
+    if not isinstance(config.norm_inputs, bool):
+        return f"norm_inputs {config.norm_inputs!r} is not true or false"
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha

@@ -107,6 +107,7 @@ class TrainConfig:
     backbone: str = "frozen"  # "frozen": the memory trains; "lora": and low-rank adapters; "full": all
     lora_rank: int = 16  # with backbone = "lora"
     lora_alpha: float = 16.0
+    norm_inputs: bool = False  # the memory sees the layer's input RMSNorm of h (ARMTConfig.norm_inputs)
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -703,6 +704,7 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         "segment_len": config.stages[-1].segment_len,
         "num_write_tokens": config.num_write_tokens,
         "d_mem": config.d_mem,
+        "norm_inputs": config.norm_inputs,
     }
     if config.memory_layers:
         overrides["memory_layers"] = config.memory_layers

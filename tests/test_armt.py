@@ -228,3 +228,46 @@ def test_config_without_lora_keeps_its_json():
     assert ARMTConfig.from_json(config.to_json()) == config
     with_lora = ARMTConfig.for_model(30, lora_rank=8)
     assert ARMTConfig.from_json(with_lora.to_json()) == with_lora
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_norm_inputs_memory_sees_the_layers_input_norm(arch, tmp_path):
+    """With norm_inputs the memory's keys, values and queries come from the layer's own input
+    RMSNorm of the hidden states: scaling the residual stream a memory layer sees leaves its
+    write unchanged (RMSNorm is scale-free), while the raw memory's write scales with it. A fresh
+    memory is still the base model, and the flag travels in the adapter."""
+    armt = make(arch, layers=(2,))
+    normed = ARMT(
+        armt.base,
+        ARMTConfig.for_model(
+            armt.base.config.num_hidden_layers,
+            segment_len=12,
+            num_write_tokens=3,
+            d_mem=8,
+            memory_layers=(2,),
+            norm_inputs=True,
+        ),
+    )
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        expected = MAKERS[arch]()(ids).logits
+        _, fresh = normed.step(ids, normed.empty_state(), return_logits=True)
+    torch.testing.assert_close(fresh, expected, atol=1e-5, rtol=1e-5)
+
+    layer = normed.base.model.layers[2]
+    m = torch.randn(1, 3, normed.base.config.hidden_size)
+    A, z = normed.memories["2"].empty_state()
+    randomise_memory(normed)
+    with torch.no_grad():
+        small = normed.memories["2"].write(layer._memory_input(m), A, z, first=True)
+        large = normed.memories["2"].write(layer._memory_input(1000 * m), A, z, first=True)
+        raw_small = normed.memories["2"].write(m, A, z, first=True)
+        raw_large = normed.memories["2"].write(1000 * m, A, z, first=True)
+    torch.testing.assert_close(large[0], small[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(large[1], small[1], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(raw_large[1], 1e6 * raw_small[1], rtol=1e-3, atol=1e-3)  # z: phi is quadratic
+
+    save_adapter(normed, tmp_path / "n.safetensors")
+    config, _ = read_adapter(tmp_path / "n.safetensors")
+    assert config.norm_inputs and '"norm_inputs": true' in config.to_json()
+    assert "norm_inputs" not in ARMTConfig.for_model(30).to_json()  # old adapters keep their hashes
