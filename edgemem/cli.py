@@ -6,7 +6,6 @@ Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit
 from __future__ import annotations
 
 import datetime as dt
-import re
 import sys
 import time
 from typing import Annotated
@@ -20,6 +19,7 @@ from edgemem.cli_eval import data_app, eval_app
 from edgemem.cli_export import EngineOpt, OptionalModelOpt, bench_runtimes, export_cmd
 from edgemem.cli_train import train_cmd
 from edgemem.errors import EdgememError
+from edgemem.limits import DEFAULT_MAX_SIZE, parse_duration, parse_size
 
 app = typer.Typer(
     help="edgemem: ask questions about documents and code of any length, offline, in fixed memory.",
@@ -36,7 +36,6 @@ app.command("export")(export_cmd)
 bench_app.command("runtimes")(bench_runtimes)
 
 LOG_EVERY_S = 30.0  # progress line interval when stderr is not a terminal
-DEFAULT_MAX_SIZE = "4G"
 
 MaxSizeOpt = Annotated[
     str,
@@ -54,28 +53,6 @@ MaxTimeOpt = Annotated[
         help="Stop an ingest after this long (s, m, h suffixes); its progress is kept for a resume.",
     ),
 ]
-_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_size(text: str) -> int | None:
-    """'4G' -> 4_000_000_000 bytes; '0' -> None (no limit)."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*", text.lower())
-    if match is None:
-        raise EdgememError(f"--max-size must be a size like 500M or 2G, not {text!r}")
-    size = int(float(match[1]) * _UNITS[match[2]])
-    return size or None
-
-
-def parse_duration(text: str | None) -> float | None:
-    """'90', '90s', '30m', '2h' -> seconds; None or '0' -> None (no limit)."""
-    if text is None:
-        return None
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text.lower())
-    if match is None:
-        raise EdgememError(f"--max-time must be a duration like 90s, 30m or 2h, not {text!r}")
-    seconds = float(match[1]) * _SECONDS[match[2]]
-    return seconds or None
 
 
 def _mb(n: float) -> str:
@@ -308,15 +285,19 @@ def chat(
     paths: Annotated[
         list[str] | None, typer.Argument(help="Files or folders to add to the library (and ingest).")
     ] = None,
+    max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
+    max_time: MaxTimeOpt = None,
 ) -> None:
-    """Open the chat app: the library, ingest with progress, streamed answers, saved conversations."""
+    """Open the chat app: the library, ingest with progress, streamed answers, saved conversations.
+    The app's ingests keep to --max-size and --max-time, as `edgemem ingest` does."""
+    max_seconds = parse_duration(max_time)
     for path in paths or []:
-        _scan(path)  # a bad path fails here, in one line, before the screen opens
+        _scan(path, max_size)  # a bad path fails here, in one line, before the screen opens
     try:
         from edgemem.tui.app import run
     except ImportError as exc:
         raise EdgememError(f"the chat app needs textual ({exc}): pip install 'textual>=1.0'") from exc
-    run(paths or [])
+    run(paths or [], max_bytes=parse_size(max_size), max_seconds=max_seconds)
 
 
 @bench_app.command("ingest")

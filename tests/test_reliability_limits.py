@@ -3,6 +3,7 @@ the time of an ingest (`--max-time`, EDGEMEM_MAX_TIME; the progress is kept and 
 resumes), and memory that stays flat however large the document: a 1 GB text file is streamed,
 never read whole (the full-size check runs with -m reliability; the default run checks the piece size)."""
 
+import asyncio
 import json
 import os
 import subprocess
@@ -75,6 +76,86 @@ def test_max_time_stops_the_ingest_keeps_its_progress_and_the_same_command_resum
     assert f"from {checkpoint.tokens:,} tokens" in result.stderr  # went on from there
     with Library(tmp_path / "home" / "data") as lib:
         assert lib.checkpoints()[0].tokens > checkpoint.tokens
+
+
+# ----- the chat app keeps to the same limits -----
+
+
+def test_chat_refuses_a_path_over_max_size_before_the_screen_opens(tmp_path, monkeypatch):
+    """`edgemem chat PATH` checks --max-size / EDGEMEM_MAX_SIZE like ingest and ask, in one line."""
+    doc = tmp_path / "big.txt"
+    doc.write_text("x" * 2000 + "\n")
+    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    one_line_error(runner.invoke(app, ["chat", str(doc), "--max-size", "1k"]), "more than 1,000 bytes")
+    monkeypatch.setenv("EDGEMEM_MAX_SIZE", "1.5k")
+    one_line_error(runner.invoke(app, ["chat", str(doc)]), "more than 1,500 bytes")
+    one_line_error(runner.invoke(app, ["chat", str(doc), "--max-time", "soon"]), "--max-time must be")
+
+
+def chat_app(assistant, paths=(), **limits):
+    from edgemem.tui.app import EdgememApp
+
+    return EdgememApp(list(paths), open_assistant=lambda settings: assistant, **limits)
+
+
+@pytest.fixture(scope="module")
+def assistant():
+    from tiny_assistant import tiny_assistant
+
+    return tiny_assistant(segment_len=16)
+
+
+def test_chat_app_refuses_a_path_over_its_size_cap(assistant, tmp_path, monkeypatch):
+    """A path added in the app (ctrl+o) over max_bytes is an error notification, never queued."""
+    from test_tui import add_path, errors, until
+
+    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    doc = tmp_path / "big.txt"
+    doc.write_text("y" * 2000 + "\n")
+
+    async def session():
+        app = chat_app(assistant, max_bytes=1000)
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: app.model_status == "ready", what="the model")
+            await add_path(pilot, doc)
+            await until(pilot, lambda: errors(app), what="the size error")
+            assert "more than 1,000 bytes" in errors(app)[0] and app.is_running
+            assert app.entries == {} and app.ingesting is None and not app.queue
+
+    asyncio.run(session())
+
+
+def test_chat_app_stops_an_ingest_at_its_time_limit_keeps_progress_and_resumes(
+    assistant, tmp_path, monkeypatch
+):
+    """max_seconds (--max-time) stops the app's ingest between segments; the checkpoint is kept,
+    the entry shows "partial", and ctrl+r goes on from it (stopping again at the limit)."""
+    from test_tui import until
+
+    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    doc = tmp_path / "long.txt"
+    doc.write_text("".join(f"line {i}: nothing to see here, keep going.\n" for i in range(3000)))
+
+    def stops() -> int:
+        return sum("stopped at the time limit (1 s)" in text for _, text in app.notices)
+
+    async def session():
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: stops() == 1 and app.ingesting is None, what="the time limit")
+            assert app.status_of(doc) == "partial", app.notices
+            with Library() as lib:
+                (first,) = lib.checkpoints()
+            assert 0 < first.tokens < 100_000
+            await pilot.press("ctrl+r")
+            await until(pilot, lambda: stops() == 2 and app.ingesting is None, what="the second limit")
+            assert any(f"from {first.tokens:,} tokens" in text for _, text in app.notices)  # resumed
+            assert app.status_of(doc) == "partial"
+            with Library() as lib:
+                (second,) = lib.checkpoints()
+                assert second.tokens > first.tokens and lib.records() == []
+
+    app = chat_app(assistant, [doc], max_seconds=1.0)
+    asyncio.run(session())
 
 
 MEMORY_PROBE = """

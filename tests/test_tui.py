@@ -274,6 +274,29 @@ def test_bad_paths_are_notifications_not_crashes(assistant, home, tmp_path, name
     run(session())
 
 
+def test_pipes_and_sockets_in_a_folder_are_counted_in_the_skipped_notice(assistant, home, tmp_path):
+    """A FIFO and a socket in a folder are skipped without blocking, and the notice says so (it
+    counted only binary and unreadable files before)."""
+    import socket
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "notes.txt").write_text(TEXT[:200])
+    os.mkfifo(folder / "pipe")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(folder / "sock"))
+
+        async def session():
+            app = make_app(assistant)
+            async with app.run_test() as pilot:
+                await add_path(pilot, folder)
+                await until(pilot, lambda: app.status_of(folder) == "ready", what="the ingest")
+                warnings = [text for severity, text in app.notices if severity == "warning"]
+                assert any("skipped 2 binary, unreadable or special file(s)" in w for w in warnings), warnings
+
+        run(session())
+
+
 def test_corrupt_state_is_a_notification_when_asking(assistant, home, doc):
     async def session():
         app = make_app(assistant, doc)

@@ -37,6 +37,7 @@ from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerState
 
 from edgemem.errors import EdgememError
+from edgemem.limits import DEFAULT_MAX_BYTES
 from edgemem.tui.config import Settings, load_settings, save_settings
 from edgemem.tui.screens import AddPathScreen, ConfirmScreen, HelpScreen, SettingsScreen, short_path
 
@@ -144,11 +145,17 @@ class EdgememApp(App[None]):
         open_assistant: OpenAssistant = open_assistant,
         checkpoint_every_s: float | None = None,
         settings_file: Path | None = None,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
+        max_seconds: float | None = None,
     ) -> None:
+        """`max_bytes` caps the text a path may hold (None: no cap) and `max_seconds` the time of
+        one ingest (None: no limit; it then stops between segments, keeps its progress and ctrl+r
+        resumes it): the CLI's --max-size and --max-time."""
         super().__init__()
         self.initial_paths = [str(p) for p in paths]
         self.open_assistant = open_assistant
         self.checkpoint_every_s = checkpoint_every_s
+        self.max_bytes, self.max_seconds = max_bytes, max_seconds
         self.settings_file = settings_file
         self.settings, self._settings_warnings = load_settings(settings_file)
         self.assistant: Assistant | None = None
@@ -426,7 +433,7 @@ class EdgememApp(App[None]):
                 self._ui(self._file_checked, path, None, True)
                 continue
             try:
-                content_hash = scan(path).content_hash
+                content_hash = scan(path, max_bytes=self.max_bytes).content_hash
             except EdgememError:
                 continue
             self._ui(self._file_checked, path, content_hash, False)
@@ -455,7 +462,7 @@ class EdgememApp(App[None]):
         from edgemem.documents import scan
 
         try:
-            source = scan(path)
+            source = scan(path, max_bytes=self.max_bytes)
         except EdgememError as exc:
             self._ui(self.notify, str(exc), severity="error")
             return
@@ -468,10 +475,12 @@ class EdgememApp(App[None]):
         path = str(source.root.resolve())
         for name in source.invalid_utf8[:3]:
             self.notify(f"{name} is not valid UTF-8; decoded with replacement characters", severity="warning")
-        if source.skipped_binary or source.skipped_unreadable:
-            skipped = source.skipped_binary + source.skipped_unreadable
+        skipped = source.skipped_binary + source.skipped_unreadable + source.skipped_special
+        if skipped:
             self.notify(
-                f"{source.root.name}: skipped {skipped} binary or unreadable file(s)", severity="warning"
+                f"{source.root.name}: skipped {skipped} binary, unreadable or special file(s)"
+                " (pipes, sockets, devices)",
+                severity="warning",
             )
         entry = self.entries.setdefault(path, Entry(path, source.is_dir))
         entry.scanned_hash, entry.missing, entry.error = source.content_hash, False, ""
@@ -521,8 +530,13 @@ class EdgememApp(App[None]):
         def notice(message: str) -> None:
             self._ui(self.notify, message)
 
+        deadline = None if self.max_seconds is None else time.monotonic() + self.max_seconds
+
+        def should_stop() -> bool:
+            return self._cancel_ingest.is_set() or (deadline is not None and time.monotonic() >= deadline)
+
         try:
-            source = scan(path)
+            source = scan(path, max_bytes=self.max_bytes)
             self._ui(self._ingest_started, max(1, source.total_bytes // 4))
             extra = {} if self.checkpoint_every_s is None else {"checkpoint_every_s": self.checkpoint_every_s}
             with Library() as library:
@@ -530,12 +544,19 @@ class EdgememApp(App[None]):
                     source,
                     library,
                     progress=progress,
-                    should_stop=self._cancel_ingest.is_set,
+                    should_stop=should_stop,
                     notice=notice,
                     **extra,
                 )
         except IngestCancelled as exc:
-            self._ui(self._ingest_finished, path, f"{Path(path).name}: {exc}", "warning")
+            message = f"{Path(path).name}: {exc}"
+            if not self._cancel_ingest.is_set():  # the time limit, not the user
+                how = "saved: ctrl+r resumes" if exc.saved else "nothing was saved"
+                message = (
+                    f"{Path(path).name}: stopped at the time limit ({self.max_seconds:g} s) after "
+                    f"{exc.tokens:,} tokens ({how})"
+                )
+            self._ui(self._ingest_finished, path, message, "warning")
         except EdgememError as exc:
             self._ui(self._ingest_finished, path, str(exc), "error")
         except Exception as exc:
@@ -861,11 +882,13 @@ class EdgememApp(App[None]):
             self.library.close()
 
 
-def run(paths: Sequence[str] = ()) -> None:
-    """`edgemem chat [PATHS...]`."""
+def run(
+    paths: Sequence[str] = (), max_bytes: int | None = DEFAULT_MAX_BYTES, max_seconds: float | None = None
+) -> None:
+    """`edgemem chat [PATHS...] [--max-size SIZE] [--max-time DURATION]`."""
     # Torch's OpenMP threads spin while they wait for work by default, which starves the screen's
     # thread on a small CPU (seen on 2 cores: a tiny model's ingest ran many times slower beside the
     # screen). Passive waiting lets them sleep instead; it must be set before torch is imported,
     # which the app does in a worker, after this.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    EdgememApp(paths).run()
+    EdgememApp(paths, max_bytes=max_bytes, max_seconds=max_seconds).run()
