@@ -168,7 +168,8 @@ class Library:
         """A write transaction holding SQLite's write lock (other writers wait, readers go on).
 
         Yields a list to which the body adds state files it stopped referring to: they are
-        deleted after the commit, with any orphan a killed process left. Re-entrant.
+        deleted after the commit, with any orphan a killed process left (every write sweeps:
+        a save, a checkpoint, a removal). Re-entrant.
         """
         if self._lock_depth:
             self._lock_depth += 1
@@ -184,6 +185,7 @@ class Library:
         self._lock_depth, self._unlink_after = 1, []
         try:
             yield self._unlink_after
+            self._sweep(self._unlink_after)
             self.db.commit()
         except BaseException:
             self.db.rollback()
@@ -200,7 +202,7 @@ class Library:
 
     def _sweep(self, unlink: list[str]) -> None:
         """Inside the lock: files no row refers to can only be left by a killed process."""
-        referenced = self._referenced()
+        referenced = self._referenced() | set(unlink)
         for file in self.states.iterdir():
             if file.name not in referenced and (
                 STATE_FILE_RE.fullmatch(file.name) or file.name.endswith(".tmp")
@@ -303,7 +305,6 @@ class Library:
                 self.remove(record.id, keep_history=content_hash)
             self.drop_checkpoint(content_hash, model_id, adapter_hash)
             self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
-            self._sweep(unlink)
             record = self.find(content_hash, model_id, adapter_hash)
         assert record is not None
         return record
@@ -384,7 +385,6 @@ class Library:
                 ),
             )
             self._drop_stale_checkpoints(path, content_hash, model_id, adapter_hash)
-            self._sweep(unlink)  # the files a killed process left
             checkpoint = self.find_checkpoint(content_hash, model_id, adapter_hash)
         assert checkpoint is not None
         return checkpoint

@@ -2,11 +2,16 @@
 library consistent (SQLite integrity check; every entry's and checkpoint's state file present,
 with its recorded sha256, loading as a valid state) and the same ingest resumes from the last
 saved checkpoint to the state an uninterrupted run reaches, bit for bit. Several processes
-ingesting and asking at the same time do not corrupt the store.
+ingesting and asking at the same time do not corrupt the store. The other writes get the same
+treatment: `edgemem library --remove` killed in the middle of removing 40 entries, and a process
+appending chat messages (what the chat app does for each question and answer) killed between or
+inside its writes, leave a consistent store, every conversation whole or (with its last entry)
+removed, and no message half-written.
 
-The default run does one kill trial (1-3 kills); `python -m pytest -m reliability` runs the full set
-(EDGEMEM_CRASH_TRIALS, 24 by default). Each trial prints its seed: `EDGEMEM_CRASH_SEED=<seed>`
-replays it. The processes are forked from one that imported torch once (see `Zygote`).
+The default run does one kill trial of each kind (1-3 kills for an ingest); `python -m pytest -m
+reliability` runs the full sets (EDGEMEM_CRASH_TRIALS, 24 by default). Each trial prints its seed:
+`EDGEMEM_CRASH_SEED=<seed>` replays it. The processes are forked from one that imported torch
+once (see `Zygote`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 HERE = Path(__file__).resolve().parent
 S = 16
@@ -53,7 +59,9 @@ class Zygote:
             raise AssertionError(f"zygote exited ({self.process.wait()})")
         return line.rstrip("\n")
 
-    def start(self, mode: str, root: Path, doc: Path) -> int:
+    def start(self, mode: str, root: Path, doc: Path | str) -> int:
+        """Fork a worker: `mode` (see `_worker`) on the library at `root`, with `doc` (a path, or
+        the mode's argument)."""
         self.process.stdin.write(f"start\t{mode}\t{root}\t{doc}\n")
         self.process.stdin.flush()
         while not (line := self._line()).startswith("started "):
@@ -68,11 +76,21 @@ class Zygote:
             self._keep(line)
         return int(line.split()[2]), self.lines.pop(pid, [])
 
+    def expect(self, pid: int, prefix: str) -> str:
+        """Wait for the worker's line that starts with `prefix` (a worker of `remove` or `chat`
+        prints "begin <time.monotonic()>" when its work starts, "end <...>" when it is done)."""
+        while True:
+            for text in self.lines.get(pid, []):
+                if text.startswith(prefix):
+                    return text
+            self._keep(self._line())
+
     def _keep(self, line: str) -> None:
         pid, _, text = line.partition(": ")
+        assert pid.isdigit(), f"a line from no worker: {line!r}"
         self.lines.setdefault(int(pid), []).append(text)
 
-    def run(self, mode: str, root: Path, doc: Path) -> list[str]:
+    def run(self, mode: str, root: Path, doc: Path | str) -> list[str]:
         code, lines = self.wait(self.start(mode, root, doc))
         assert code == 0, lines
         return lines
@@ -211,24 +229,259 @@ def test_processes_ingesting_and_asking_at_once_do_not_corrupt_the_store(
         assert_same_state(stored(root, shapes, name), result)
 
 
+# ----- the other writes: `library --remove` and chat messages -----
+
+REMOVE_CONTENTS = 20  # documents, each stored for two models: 40 entries, 3 messages each
+
+
+def library_to_remove(root: Path, shapes) -> tuple[list[int], dict[str, list[int]], dict[str, list]]:
+    """A library of REMOVE_CONTENTS documents, each stored for models m@1 and m@2, each with a
+    3-message conversation. -> (ids in removal order: every m@1 entry, then every m@2 entry;
+    content hash -> its entries' ids; content hash -> its conversation as (role, text) pairs)."""
+    from edgemem.store import Library
+
+    result = random_result(shapes)
+    first, second, entries, talks = [], [], {}, {}
+    with Library(root) as lib:
+        for i in range(REMOVE_CONTENTS):
+            content = f"{i:064x}"
+            for model, ids in (("m@1", first), ("m@2", second)):
+                record = lib.save(f"/docs/{i}.txt", content, model, "a", result)
+                ids.append(record.id)
+                entries.setdefault(content, []).append(record.id)
+            talks[content] = [(role, f"about document {i}, {role} {j}") for j, role in enumerate(ROLES * 2)][
+                :3
+            ]
+            for role, text in talks[content]:
+                lib.add_message(content, role, text)
+    return first + second, entries, talks
+
+
+ROLES = ("user", "assistant")
+
+
+def random_result(shapes):
+    from edgemem.armt import IngestResult, MemoryState
+
+    state = MemoryState.from_named_tensors({k: torch.rand(v) for k, v in shapes.items()}, 3)
+    return IngestResult(state, [5, 6], 50)
+
+
+def chat_message(seed: int, i: int) -> tuple[str, str]:
+    """The i-th message of a chat trial: alternating roles, 1 to 300 KB of text (a long answer
+    spans many database pages), ending in a marker so that a cut message would be seen."""
+    size = random.Random(seed * 100_003 + i).randint(1, 300_000)
+    return ROLES[i % 2], f"message {i}: " + ("lorem ipsum dolor " * (size // 18 + 1))[:size] + f" [end {i}]"
+
+
+def check_removal(root: Path, shapes, order: list[int], entries: dict, talks: dict) -> tuple[int, int]:
+    """After a kill during `library --remove`: the store is consistent, the entries left are the
+    ones not yet removed (each removal all or nothing, in order), every conversation is whole
+    while an entry of its document is left and gone once the last one is, and at most the file of
+    the last removal is left unreferenced. -> (entries removed, files left unreferenced)."""
+    from fuzz.helpers import assert_library_consistent
+
+    from edgemem.store import Library
+
+    assert_library_consistent(root, shapes)
+    with Library(root) as lib:
+        left = [r.id for r in lib.records()]
+        removed = len(order) - len(left)
+        assert sorted(left) == sorted(order[removed:]), (left, removed)
+        for content, ids in entries.items():
+            history = [(m.role, m.content) for m in lib.history(content)]
+            assert history == (talks[content] if set(ids) & set(left) else []), content
+        orphans = lib.orphans()
+    assert len(orphans) <= 1, orphans
+    return removed, len(orphans)
+
+
+def remove_trial(seed: int, zygote: Zygote, shapes, seconds: float, home: Path) -> str:
+    """Kill `library --remove` (40 ids) at a random moment; check; remove the rest; check that
+    the next write sweeps what the kill left. -> what the kill left."""
+    from fuzz.helpers import assert_library_consistent
+
+    from edgemem.store import Library
+
+    rng = random.Random(seed)
+    root = home / "data"
+    order, entries, talks = library_to_remove(root, shapes)
+    pid = zygote.start("remove", home, ",".join(map(str, order)))
+    zygote.expect(pid, "begin")
+    time.sleep(rng.uniform(0, seconds))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    zygote.wait(pid)
+    removed, orphans = check_removal(root, shapes, order, entries, talks)
+    if removed < len(order):
+        zygote.run("remove", home, ",".join(map(str, order[removed:])))
+    with Library(root) as lib:  # the next write (another document saved) sweeps any orphan
+        assert lib.records() == [] and all(lib.history(c) == [] for c in entries)
+        lib.save("/docs/next.txt", "f" * 64, "m@1", "a", random_result(shapes))
+        assert lib.orphans() == []
+    assert_library_consistent(root, shapes)
+    return f"{removed} of {len(order)} removed" + (", its file left and swept" if orphans else "")
+
+
+def chat_trial(seed: int, zygote: Zygote, seconds: float, root: Path, count: int) -> str:
+    """Kill a process appending `count` chat messages at a random moment; the conversation is
+    every message it had committed (in order, each whole) and at most one more; appending the
+    rest completes it exactly. -> how many messages the kill left."""
+    from fuzz.helpers import assert_library_consistent
+
+    from edgemem.store import Library
+
+    rng = random.Random(seed)
+    content = f"{seed:064x}"
+    expected = [chat_message(seed, i) for i in range(count)]
+    pid = zygote.start("chat", root, f"{content},0,{count},{seed}")
+    zygote.expect(pid, "begin")
+    time.sleep(rng.uniform(0, seconds))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _, lines = zygote.wait(pid)
+    committed = sum(line.startswith("committed ") for line in lines)
+    assert_library_consistent(root)
+    with Library(root) as lib:
+        history = [(m.role, m.content) for m in lib.history(content)]
+    assert committed <= len(history) <= committed + 1, (committed, len(history))
+    assert history == expected[: len(history)]  # nothing lost, reordered or cut
+    kept = len(history)
+    zygote.run("chat", root, f"{content},{kept},{count},{seed}")
+    with Library(root) as lib:
+        assert [(m.role, m.content) for m in lib.history(content)] == expected
+    return f"{kept} of {count} messages"
+
+
+@pytest.fixture(scope="module")
+def remove_seconds(zygote, shapes, tmp_path_factory):
+    """How long an uninterrupted `library --remove` of the 40 entries takes (the command's run)."""
+    home = tmp_path_factory.mktemp("remove-reference")
+    order, entries, talks = library_to_remove(home / "data", shapes)
+    lines = zygote.run("remove", home, ",".join(map(str, order)))
+    assert check_removal(home / "data", shapes, order, entries, talks) == (len(order), 0)
+    return work_seconds(lines)
+
+
+def work_seconds(lines: list[str]) -> float:
+    """From a worker's "begin" line to its "end" line."""
+    (begin,) = [float(line.split()[1]) for line in lines if line.startswith("begin ")]
+    (end,) = [float(line.split()[1]) for line in lines if line.startswith("end ")]
+    return end - begin
+
+
+CHAT_MESSAGES = 60
+
+
+@pytest.fixture(scope="module")
+def chat_seconds(zygote, tmp_path_factory):
+    """How long appending CHAT_MESSAGES messages takes, uninterrupted."""
+    root = tmp_path_factory.mktemp("chat-reference")
+    lines = zygote.run("chat", root, f"{'0' * 64},0,{CHAT_MESSAGES},1")
+    assert sum(line.startswith("committed ") for line in lines) == CHAT_MESSAGES
+    return work_seconds(lines)
+
+
+@pytest.mark.parametrize("seed", _seeds(2))
+def test_sigkill_during_library_remove_keeps_entries_files_and_conversations_consistent(
+    seed, zygote, shapes, remove_seconds, tmp_path
+):
+    left = remove_trial(seed, zygote, shapes, remove_seconds, tmp_path / "home")
+    print(f"seed {seed}: the kill left {left} (uninterrupted: {remove_seconds:.2f} s)")
+
+
+@pytest.mark.parametrize("seed", _seeds(2))
+def test_sigkill_during_chat_history_writes_loses_no_committed_message_and_cuts_none(
+    seed, zygote, chat_seconds, tmp_path
+):
+    left = chat_trial(seed, zygote, chat_seconds, tmp_path / "lib", CHAT_MESSAGES)
+    print(f"seed {seed}: the kill left {left} (uninterrupted: {chat_seconds:.2f} s)")
+
+
+@pytest.mark.reliability
+def test_sigkill_trials_of_remove_and_chat_full_set(zygote, shapes, remove_seconds, chat_seconds, tmp_path):
+    """The full sets (EDGEMEM_CRASH_TRIALS each, default 24), each in a fresh library."""
+    count = int(os.environ.get("EDGEMEM_CRASH_TRIALS", "24"))
+    removals = [
+        remove_trial(seed, zygote, shapes, remove_seconds, tmp_path / f"home-{seed}")
+        for seed in _seeds(count)
+    ]
+    chats = [
+        chat_trial(seed, zygote, chat_seconds, tmp_path / f"chat-{seed}", CHAT_MESSAGES)
+        for seed in _seeds(count)
+    ]
+    print(f"remove ({remove_seconds:.2f} s uninterrupted): {removals}")
+    print(f"chat ({chat_seconds:.2f} s uninterrupted): {chats}")
+    assert len(removals) == len(chats) == len(_seeds(count))
+
+
+def _tell(line: str) -> None:
+    """One line to the test process, in one write: with PYTHONUNBUFFERED a `print` is two writes
+    (text, then newline), and a forked worker's line could land between them."""
+    sys.__stdout__.write(line + "\n")  # the pipe, even where a worker redirects sys.stdout
+    sys.__stdout__.flush()
+
+
+def _say(text: str) -> None:
+    """A worker's line, prefixed with its pid."""
+    _tell(f"{os.getpid()}: {text}")
+
+
 def _worker(assistant, mode: str, root: str, doc: str) -> None:
     """`ingest`: the document, resuming a checkpoint, saving one after every segment;
-    `ask`: ingest (or reuse) then answer a question, four times."""
+    `ask`: ingest (or reuse) then answer a question, four times;
+    `remove`: `edgemem library --remove ID ...` (the CLI itself) with EDGEMEM_HOME=root, `doc`
+    being the ids; `chat`: append the messages `doc` = "HASH,START,STOP,SEED" says (see
+    `chat_message`), printing each once it is committed."""
     from edgemem.documents import scan
     from edgemem.store import Library
 
+    if mode == "remove":
+        import io
+
+        from edgemem.cli import app
+
+        os.environ["EDGEMEM_HOME"] = root
+        args = [arg for i in doc.split(",") for arg in ("--remove", i)]
+        remove = Library.remove
+
+        def announced(self, *a, **k):  # "begin" as the first removal starts, past the CLI's start-up
+            if not getattr(announced, "said", False):
+                announced.said = True
+                _say(f"begin {time.monotonic()}")
+            return remove(self, *a, **k)
+
+        Library.remove = announced  # the real removal, only announced
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):  # the table; stdout is the zygote's pipe
+                app(["library", *args])
+        except SystemExit as exc:
+            if exc.code:
+                raise
+        _say(f"end {time.monotonic()}")
+        return
+    if mode == "chat":
+        content_hash, start, stop, seed = doc.split(",")
+        messages = [chat_message(int(seed), i) for i in range(int(start), int(stop))]
+        with Library(Path(root)) as lib:
+            _say(f"begin {time.monotonic()}")
+            for i, message in enumerate(messages, int(start)):
+                lib.add_message(content_hash, *message)
+                _say(f"committed {i}")
+        _say(f"end {time.monotonic()}")
+        return
     seen = []
     with Library(Path(root)) as lib:
         if mode == "ingest":
             assistant.ingest_scan(scan(doc), lib, progress=seen.append, checkpoint_every_s=0.0)
             if seen:
-                print(f"{os.getpid()}: start {seen[0].start_tokens}", flush=True)
+                _say(f"start {seen[0].start_tokens}")
             return
         for i in range(4):
             record, result, _ = assistant.ingest_scan(scan(doc), lib, checkpoint_every_s=0.0)
             text = "".join(assistant.ask(result, f"question {i}?", max_new_tokens=4))
             lib.add_message(record.content_hash, "user", f"question {i}?")
-            print(f"{os.getpid()}: answer: {text!r}", flush=True)
+            _say(f"answer: {text!r}")
 
 
 def _zygote() -> None:
@@ -240,9 +493,11 @@ def _zygote() -> None:
     sys.path.insert(0, str(HERE))
     from tiny_assistant import tiny_assistant
 
+    import edgemem.cli  # noqa: F401  (the `remove` workers run the CLI: imported once, not per fork)
+
     torch.set_num_threads(1)  # no OpenMP thread pool before fork
     assistant = tiny_assistant(segment_len=S)
-    print("zygote ready", flush=True)
+    _tell("zygote ready")
     for line in sys.stdin:
         command, *args = line.rstrip("\n").split("\t")
         if command == "start":
@@ -257,11 +512,11 @@ def _zygote() -> None:
                 finally:
                     sys.stdout.flush()
                     os._exit(code)
-            print(f"started {pid}", flush=True)
+            _tell(f"started {pid}")
         elif command == "wait":
             pid = int(args[0])
             _, status = os.waitpid(pid, 0)
-            print(f"exited {pid} {os.waitstatus_to_exitcode(status)}", flush=True)
+            _tell(f"exited {pid} {os.waitstatus_to_exitcode(status)}")
 
 
 if __name__ == "__main__":
