@@ -118,6 +118,38 @@ def test_any_forged_manifest_field_is_one_line_error_or_accepted(tmp_path_factor
         assert "\n" not in str(exc)
 
 
+def _wrong_values(good: object) -> list[object]:
+    """JSON values of another type than `good` (a null field that may be null gets no null or
+    string), and for a list or a map one whose element is null."""
+    values = [v for v in (None, True, 7, 1.5, "x", [], {}) if type(v) is not type(good)]
+    if good is None:  # optional strings: null and a string are both valid
+        values = [v for v in values if not isinstance(v, str)]
+    if isinstance(good, list):
+        values.append([None])
+    if isinstance(good, dict):
+        values.append({"k": None})
+    return values
+
+
+WRONG_TYPED = [
+    (name, value)
+    for name, good in good_manifest().items()
+    if name != "format"  # checked first, by value: another format is its own error
+    for value in _wrong_values(good)
+]
+
+
+@pytest.mark.parametrize(("field", "value"), WRONG_TYPED, ids=[f"{f}={v!r}" for f, v in WRONG_TYPED])
+def test_every_wrong_typed_manifest_field_is_a_one_line_error_naming_it(tmp_path, field, value):
+    """`tokenizer_files: null`, `tensorrt: null`, `graphs: {"k": null}` ... escaped `read_manifest`
+    as TypeError/AttributeError before every field's JSON type was checked."""
+    manifest = good_manifest()
+    manifest[field] = value
+    with pytest.raises(EdgememError, match=f"invalid manifest \\({field} should be") as caught:
+        read_manifest(make_bundle(tmp_path / "b", manifest))
+    assert "\n" not in str(caught.value)
+
+
 @pytest.mark.parametrize(
     "text", ["", "{", "[]", "null", '"x"', "\x00\x00", '{"format": "edgemem-bundle/1"}'], ids=repr
 )
