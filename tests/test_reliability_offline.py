@@ -1,8 +1,14 @@
 """The offline guarantee: edgemem's commands run with the network blocked, and make no attempt
 to use it. Each CLI run happens in a child process whose sockets are guarded (any internet
 connection or host name lookup fails and is logged) and, where the kernel lets us make one, inside
-a fresh network namespace (`unshare -rn`: no interface but loopback)."""
+a fresh network namespace (`unshare -rn`: no interface but loopback).
 
+The whole flow is covered, on the tiny model: `models`, `ingest`, `ask`, `library`; `export` (an
+ONNX bundle), `ask --engine` on it and `eval` (niah, 1k tokens, one item, on a small corpus written
+to the test's data directory); and the chat app, headless (Textual's pilot), adding a document,
+ingesting it and answering, with both of its engines (PyTorch, and ONNX Runtime on the bundle)."""
+
+import json
 import os
 import shutil
 import subprocess
@@ -54,6 +60,19 @@ def guarded(
     return done, attempts
 
 
+def cli_commands(commands: list[list[str]]) -> str:
+    """Python code that runs `edgemem ARGS...` for each list of ARGS in turn, in one process (the
+    CLI's own entry point each time: a Python start with torch costs 10-30 s on a busy machine),
+    stopping at the first that fails."""
+    return (
+        "import sys\nfrom edgemem.cli import app\n"
+        f"for args in {commands!r}:\n"
+        "    try:\n        app(args)\n"
+        "    except SystemExit as exc:\n"
+        "        if exc.code:\n            sys.exit(f'{args[0]} exited {exc.code}')\n"
+    )
+
+
 def test_the_guard_catches_a_connection_attempt(tmp_path):
     """The check can fail: a program that does reach for the network is caught and logged."""
     code = (
@@ -86,16 +105,7 @@ def test_cli_models_ingest_ask_library_make_no_network_attempt(tmp_path):
         ],
         ["library"],
     ]
-    # One process runs the commands in turn (the CLI's own entry point each time): a Python start
-    # with torch costs 10-30 s on a busy machine.
-    code = (
-        "import sys\nfrom edgemem.cli import app\n"
-        f"for args in {commands!r}:\n"
-        "    try:\n        app(args)\n"
-        "    except SystemExit as exc:\n"
-        "        if exc.code:\n            sys.exit(f'{args[0]} exited {exc.code}')\n"
-    )
-    done, attempts = guarded(tmp_path, ["-c", code], home=home)
+    done, attempts = guarded(tmp_path, ["-c", cli_commands(commands)], home=home)
     assert done.returncode == 0, done.stderr[-2000:]
     assert attempts == []
     assert "doc.txt" in done.stdout and "smollm2-135m-instruct" in done.stdout  # library, models
@@ -132,3 +142,102 @@ def test_real_model_ask_makes_no_network_attempt(tmp_path):
     done, attempts = guarded(tmp_path, [*cli, "ask", str(doc), "What is the code?", "--max-new-tokens", "8"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert attempts == []
+
+
+def write_corpora(data: Path) -> None:
+    """The three prose corpora the niah task reads (test split), small: made-up sentences."""
+    corpora = data / "corpora"
+    corpora.mkdir(parents=True, exist_ok=True)
+    for n, source in enumerate(("linux-doc", "python-doc", "gnu-manuals")):
+        with open(corpora / f"{source}.jsonl", "w") as handle:
+            for d in range(3):
+                text = "".join(
+                    f"The river {n}{d} flows past mill number {i} before it reaches the sea. "
+                    f"Nobody counts the boats on it.\n\n"
+                    for i in range(60)
+                )
+                row = {"name": f"doc{d}", "kind": "prose", "text": text, "split": "test", "sha256": "-"}
+                handle.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """`export`, `ask --engine` and `eval` run in one guarded process (one Python start with torch:
+    10-30 s on a busy machine). -> (process, attempts, paths)."""
+    tmp = tmp_path_factory.mktemp("offline-export")
+    model = tiny_model_folder(tmp / "model")
+    home, bundle, results = tmp / "home", tmp / "bundle", tmp / "results"
+    write_corpora(home / "data")
+    doc = tmp / "doc.txt"
+    doc.write_text("The access code for the Lisbon vault is 4417.\n" * 20)
+    commands = [
+        ["export", "--model", str(model), "--out", str(bundle)],
+        ["ask", str(doc), "What is the code?", "--engine", str(bundle), "--max-new-tokens", "4"],
+        ["eval", "--task", "niah", "--method", "armt", "--lengths", "1k", "-n", "1"]
+        + ["--model", str(model), "--results", str(results)],
+    ]
+    done, attempts = guarded(tmp, ["-c", cli_commands(commands)], home=home)
+    return done, attempts, {"model": model, "bundle": bundle, "results": results, "home": home}
+
+
+def test_cli_export_ask_engine_and_eval_make_no_network_attempt(exported):
+    done, attempts, paths = exported
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert attempts == []
+    assert (paths["bundle"] / "manifest.json").is_file() and "wrote" in done.stderr  # export
+    (result,) = [json.loads(line) for line in (paths["results"] / "model" / "niah.armt.jsonl").open()]
+    assert result["task"] == "niah" and result["length"] == 1024  # eval ran its item
+    assert "1 items run" in done.stderr
+
+
+CHAT_FLOW = """
+import asyncio, os, sys, time
+from edgemem.store import Library
+from edgemem.tui.app import EdgememApp
+from edgemem.tui.config import Settings, save_settings
+
+
+async def until(app, pilot, condition, what):
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > 300:
+            sys.exit(f"timed out waiting for {what}; notices: {app.notices}")
+        await pilot.pause(0.05)
+
+
+async def session(doc):
+    app = EdgememApp([doc])  # the app's own engine choice: the settings' model and engine
+    async with app.run_test() as pilot:
+        await until(app, pilot, lambda: app.model_status != "loading", "the model")
+        await until(app, pilot, lambda: app.status_of(doc) in ("ready", "error"), "the ingest")
+        await pilot.click("#question")
+        await pilot.press(*"What is the code?", "enter")
+        await until(app, pilot, lambda: len(app.query(".msg")) == 2 and not app.generating, "the answer")
+    problems = [text for severity, text in app.notices if severity == "error"]
+    if problems or app.model_status != "ready":
+        sys.exit(f"{doc}: {app.model_status}, {problems}")
+
+
+home, saved = os.environ["EDGEMEM_HOME"], []
+for doc, model, engine in zip(*[iter(sys.argv[1:])] * 3):
+    os.environ["EDGEMEM_HOME"] = f"{home}/{engine}"  # a user of each engine: own library, own settings
+    save_settings(Settings(model=model, engine=engine, max_new_tokens=4))
+    asyncio.run(session(doc))
+    with Library() as lib:
+        saved += [len(lib.history(r.content_hash)) for r in lib.records()]
+print(saved)
+"""
+
+
+def test_chat_app_ingests_and_answers_with_both_engines_without_a_network_attempt(exported, tmp_path):
+    """The chat app as a user runs it (model and engine from its settings file), headless: add a
+    document, ingest it, ask, save the conversation; with PyTorch, then ONNX Runtime on the bundle."""
+    _done, _attempts, paths = exported
+    torch_doc, ort_doc = tmp_path / "torch.txt", tmp_path / "ort.txt"
+    torch_doc.write_text("The access code for the Lisbon vault is 4417.\n" * 20)
+    ort_doc.write_text("The porter of the Porto vault keeps the key.\n" * 20)
+    args = [str(torch_doc), str(paths["model"]), "torch", str(ort_doc), str(paths["bundle"]), "onnxruntime"]
+    done, attempts = guarded(tmp_path, ["-c", CHAT_FLOW, *args], home=tmp_path / "home")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert attempts == []
+    assert done.stdout.strip().splitlines()[-1] == "[2, 2]"  # each document: question and answer saved
