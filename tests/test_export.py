@@ -280,9 +280,13 @@ def test_session_options_follow_the_settings():
         OrtOptions(optimization="max").session_options()
 
 
-def test_gemma3_sliding_window_engine_matches_torch(tmp_path):
+@pytest.mark.parametrize(
+    "trained_like", [{}, {"norm_inputs": True, "lora_rank": 4}], ids=["plain", "norm-lora"]
+)
+def test_gemma3_sliding_window_engine_matches_torch(tmp_path, trained_like):
     """Gemma-3 interleaves sliding-window layers (window 8 here): the engine's segment step and its
-    answer past the window must still match PyTorch."""
+    answer past the window must still match PyTorch; also with what the training recipe adds
+    (the memory reading the layer's input norm, LoRA on every projection)."""
     from tiny import tiny_gemma3
 
     from edgemem.armt import ARMT, ARMTConfig
@@ -290,10 +294,14 @@ def test_gemma3_sliding_window_engine_matches_torch(tmp_path):
     from edgemem.models import LoadedModel
 
     base = tiny_gemma3()
-    armt = ARMT(base, ARMTConfig.for_model(6, segment_len=SEGMENT, num_write_tokens=3, d_mem=8))
+    armt = ARMT(
+        base, ARMTConfig.for_model(6, segment_len=SEGMENT, num_write_tokens=3, d_mem=8, **trained_like)
+    )
     with torch.no_grad():
         for mem in armt.memories.values():
             mem.W_V.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(2))
+        for lora in armt.lora.values():
+            lora.B.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
     tok = tiny_assistant().loaded.tokenizer
     export_bundle(armt, tok, tmp_path / "g", model_name="tiny-gemma3", model_id="tiny-gemma3@0")
     torch_rt = TorchRuntime(LoadedModel("tiny-gemma3", "tiny-gemma3@0", base, tok, torch.float32), armt)
