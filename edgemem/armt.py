@@ -64,10 +64,13 @@ class ARMTConfig:
     nu: int = 3
     lora_rank: int = 0  # > 0: low-rank adapters on every decoder layer's projections (LORA_TARGETS)
     lora_alpha: float = 16.0
-    # The memory's projections see the hidden states through the layer's own input RMSNorm
-    # (`input_layernorm`, frozen base weights). Without it they see the raw residual stream, whose
-    # scale in SmolLM2 runs from ~5 (rms) to ~25,000 (the segment's first token), and the
-    # gradients of W_V reach hundreds (docs/RESULTS.md, "Training the memory").
+    # The memory works in the layer's normalised space: its projections see the hidden states
+    # through the layer's own input RMSNorm (`input_layernorm`, frozen base weights), and what it
+    # reads is scaled back by each token's rms before it joins the residual stream. Without it the
+    # memory sees the raw stream, whose scale in SmolLM2 runs from rms ~5 to a max of ~25,000 (a
+    # segment's first token), and W_V's gradients reach hundreds; with the norm but no rescaling
+    # the read is ~1/200 of the stream and the memory gets no gradient worth the name
+    # (docs/RESULTS.md, "Training the memory").
     norm_inputs: bool = False
 
     @classmethod
@@ -159,13 +162,19 @@ class MemoryLayer(nn.Module):
     def _memory_input(self, h: Tensor) -> Tensor:
         return self._norm[0](h) if self._norm else h
 
+    def _read(self, h: Tensor, A: Tensor, z: Tensor) -> Tensor:
+        """What the memory adds to the layer input h [B, T, D] (float32)."""
+        read = self.memory.read(self._memory_input(h), A, z)
+        if self._norm:  # back from the normalised space to the scale of each token's stream
+            read = read * h.float().pow(2).mean(-1, keepdim=True).sqrt()
+        return read
+
     def forward(self, hidden_states: Tensor, *args: object, armt: _SegmentContext | None = None, **kwargs):
         if armt is None:
             return self.layer(hidden_states, *args, **kwargs)
         A, z = armt.state.A[self.index], armt.state.z[self.index]
         if armt.state.writes > 0:  # an empty memory reads exactly zero: skip the work
-            read = self.memory.read(self._memory_input(hidden_states), A, z)
-            hidden_states = hidden_states + read.to(hidden_states.dtype)
+            hidden_states = hidden_states + self._read(hidden_states, A, z).to(hidden_states.dtype)
         out = self.layer(hidden_states, *args, **kwargs)
         if armt.write_tokens:
             m = self._memory_input(out[:, -armt.write_tokens :])

@@ -232,10 +232,10 @@ def test_config_without_lora_keeps_its_json():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_norm_inputs_memory_sees_the_layers_input_norm(arch, tmp_path):
-    """With norm_inputs the memory's keys, values and queries come from the layer's own input
-    RMSNorm of the hidden states: scaling the residual stream a memory layer sees leaves its
-    write unchanged (RMSNorm is scale-free), while the raw memory's write scales with it. A fresh
-    memory is still the base model, and the flag travels in the adapter."""
+    """With norm_inputs the memory works in the layer's normalised space: its keys, values and
+    queries come from the layer's own input RMSNorm, so scaling the residual stream leaves its
+    write unchanged (the raw memory's write scales with it), and its read is scaled back to each
+    token's rms. A fresh memory is still the base model, and the flag travels in the adapter."""
     armt = make(arch, layers=(2,))
     normed = ARMT(
         armt.base,
@@ -266,6 +266,13 @@ def test_norm_inputs_memory_sees_the_layers_input_norm(arch, tmp_path):
     torch.testing.assert_close(large[0], small[0], rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(large[1], small[1], rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(raw_large[1], 1e6 * raw_small[1], rtol=1e-3, atol=1e-3)  # z: phi is quadratic
+    # ... and what it reads comes back at the scale of the stream it joins: read(c h) = c read(h)
+    h = torch.randn(1, 5, normed.base.config.hidden_size)
+    with torch.no_grad():
+        state = normed.memories["2"].write(layer._memory_input(m), A, z, first=True)
+        torch.testing.assert_close(
+            layer._read(1000 * h, *state), 1000 * layer._read(h, *state), rtol=1e-3, atol=1e-3
+        )
 
     save_adapter(normed, tmp_path / "n.safetensors")
     config, _ = read_adapter(tmp_path / "n.safetensors")
