@@ -191,7 +191,8 @@ def test_cli_export_ask_engine_and_eval_make_no_network_attempt(exported):
 
 
 CHAT_FLOW = """
-import asyncio, os, sys, time
+import asyncio, sys, time
+from pathlib import Path
 from edgemem.store import Library
 from edgemem.tui.app import EdgememApp
 from edgemem.tui.config import Settings, save_settings
@@ -218,20 +219,20 @@ async def session(doc):
         sys.exit(f"{doc}: {app.model_status}, {problems}")
 
 
-home, saved = os.environ["EDGEMEM_HOME"], []
+# One library for both sessions: the second opens with the first one's document and conversation
+# in it, and must still show and answer only its own document.
 for doc, model, engine in zip(*[iter(sys.argv[1:])] * 3):
-    os.environ["EDGEMEM_HOME"] = f"{home}/{engine}"  # a user of each engine: own library, own settings
     save_settings(Settings(model=model, engine=engine, max_new_tokens=4))
     asyncio.run(session(doc))
-    with Library() as lib:
-        saved += [len(lib.history(r.content_hash)) for r in lib.records()]
-print(saved)
+with Library() as lib:
+    print(sorted((Path(r.path).name, len(lib.history(r.content_hash))) for r in lib.records()))
 """
 
 
 def test_chat_app_ingests_and_answers_with_both_engines_without_a_network_attempt(exported, tmp_path):
     """The chat app as a user runs it (model and engine from its settings file), headless: add a
-    document, ingest it, ask, save the conversation; with PyTorch, then ONNX Runtime on the bundle."""
+    document, ingest it, ask, save the conversation; with PyTorch, then ONNX Runtime on the bundle,
+    both in one library (the second session finds the first one's document and conversation)."""
     _done, _attempts, paths = exported
     torch_doc, ort_doc = tmp_path / "torch.txt", tmp_path / "ort.txt"
     torch_doc.write_text("The access code for the Lisbon vault is 4417.\n" * 20)
@@ -240,4 +241,5 @@ def test_chat_app_ingests_and_answers_with_both_engines_without_a_network_attemp
     done, attempts = guarded(tmp_path, ["-c", CHAT_FLOW, *args], home=tmp_path / "home")
     assert done.returncode == 0, done.stderr[-3000:]
     assert attempts == []
-    assert done.stdout.strip().splitlines()[-1] == "[2, 2]"  # each document: question and answer saved
+    saved = done.stdout.strip().splitlines()[-1]  # each document: its own question and answer, no more
+    assert saved == "[('ort.txt', 2), ('torch.txt', 2)]", saved

@@ -120,6 +120,62 @@ def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(assis
     run(second_session())
 
 
+@pytest.mark.parametrize("name", ["atlas.txt", "zebra.txt"])  # listed above the other document, and below
+def test_a_conversation_shows_and_answers_only_its_own_document_when_another_shares_the_library(
+    assistant, home, doc, tmp_path, name
+):
+    """Two sessions, one library: the second opens with a new document while the first one's
+    document and conversation are already there. The new document is selected, shows no messages,
+    and its question and answer are its own; the other conversation is untouched, and moving the
+    cursor switches between the two. (The library lists every document; the chat panel shows the
+    selected one's conversation only.) Once, a highlight of the old document queued when the
+    library opened moved the selection back to it after the new one took its row."""
+    save_settings(Settings(max_new_tokens=4))
+    new = tmp_path / name
+    new.write_text("The porter of the Porto vault keeps the key.\n" * 20)
+
+    async def first_session():
+        app = make_app(assistant, doc)
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: app.status_of(doc) == "ready", what="the first ingest")
+            await ask(pilot, "Which code?")
+            return app.last_answer
+
+    first_answer = run(first_session())
+
+    async def second_session():
+        app = make_app(assistant, new)
+        async with app.run_test() as pilot:
+            await until(pilot, lambda: app.status_of(new) == "ready", what="the second ingest")
+            await pilot.pause(0.2)  # the highlights queued by the redraws are handled by now
+            assert app.current == str(new.resolve())
+            assert app.query_one("#chat-panel").border_title == f"Chat: {name}"
+            assert sources(app) == []
+            await ask(pilot, "Who keeps it?")
+            assert app.current == str(new.resolve())
+            await until(
+                pilot, lambda: sources(app) == ["Who keeps it?", app.last_answer], what="the messages"
+            )
+            answer = app.last_answer
+
+            app.query_one("#docs").focus()
+            await pilot.press("up" if name > doc.name else "down")  # the user moves to the other one
+            await until(pilot, lambda: app.current == str(doc.resolve()), what="the other document")
+            await until(pilot, lambda: sources(app) == ["Which code?", first_answer], what="its conversation")
+            await pilot.press("down" if name > doc.name else "up")
+            await until(pilot, lambda: sources(app) == ["Who keeps it?", answer], what="back")
+            assert errors(app) == []
+            return answer
+
+    second_answer = run(second_session())
+    with Library() as lib:
+        history = {r.path: [m.content for m in lib.history(r.content_hash)] for r in lib.records()}
+    assert history == {
+        str(doc.resolve()): ["Which code?", first_answer],
+        str(new.resolve()): ["Who keeps it?", second_answer],
+    }
+
+
 def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(assistant, home, tmp_path):
     big = tmp_path / "big.txt"
     big.write_text(TEXT * 4)  # ~7k tokens: long enough to cancel in the middle

@@ -398,10 +398,17 @@ class EdgememApp(App[None]):
 
     @on(DataTable.RowHighlighted, "#docs")
     def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value
-        if key is None or key == self.current or key not in self.entries:  # a row already gone
+        """The cursor moved: show the document under it. The message is handled after whatever was
+        already queued, so it may come from before a redraw of the table (each redraw posts one for
+        its first row, and each move of the cursor one): neither its row key nor its row index is
+        trusted, only the row under the cursor now. (An index is not enough: a highlight of the
+        only row, 0, posted when the library opened, named another document once the table was
+        redrawn with the new one in row 0, and took the conversation away from it.)"""
+        table = event.data_table
+        if not table.is_valid_row_index(table.cursor_row):  # an empty table
             return
-        if event.cursor_row != event.data_table.cursor_row:  # stale: from before a redraw of the table
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        if key is None or key == self.current or key not in self.entries:  # shown already, or gone
             return
         with contextlib.suppress(NoMatches):  # a highlight arriving while the app closes: nothing to show
             self._select(key)
