@@ -43,6 +43,11 @@ def main() -> None:
     parser.add_argument("--digit", type=int, default=3, help="which digit of the 7 to decode (0-6)")
     parser.add_argument("--alpha", type=float, default=1000.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--write-text",
+        default="",
+        help="replace the write embeddings by the input embeddings of this text's tokens (cycled)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -51,6 +56,12 @@ def main() -> None:
     loaded = load_model(config.model, dtype=torch.float32)
     armt = T.build_armt(loaded.model, config).eval()
     at, _ = T.load_checkpoint(args.checkpoint, armt, torch.optim.AdamW(list(T._trainable(armt).values())))
+    if args.write_text:
+        ids = loaded.tokenizer(args.write_text, add_special_tokens=False).input_ids
+        with torch.no_grad():
+            table = armt.base.get_input_embeddings().weight
+            for j in range(armt.config.num_write_tokens):
+                armt.write_embeddings[j] = table[ids[j % len(ids)]]
     stage = next(s for s in config.stages if s.task == "recall")
     S = stage.segment_len
     tasks = T.ProseTasks(
@@ -92,13 +103,20 @@ def main() -> None:
         h.remove()
     y = torch.tensor(digits)
     train = int(0.75 * len(y))
+    note = f"; write embeddings from {args.write_text!r}" if args.write_text else ""
     print(
-        f"checkpoint step {at}; {len(y)} items ({train} fit, {len(y) - train} held out); digit {args.digit}"
+        f"checkpoint step {at}{note}; {len(y)} items ({train} fit, {len(y) - train} held out); "
+        f"digit {args.digit}"
     )
     for i in layers:
-        a = ridge_accuracy(torch.stack(writes[i]), y, train, args.alpha)
+        w = torch.stack(writes[i])
+        a = ridge_accuracy(w, y, train, args.alpha)
+        per_token = [ridge_accuracy(t, y, train, args.alpha) for t in w.view(len(y), M, -1).unbind(1)]
         b = ridge_accuracy(torch.stack(owns[i]), y, train, args.alpha)
-        print(f"layer {i:2d}: write tokens {a:.2f}   the digit's own position {b:.2f}")
+        print(
+            f"layer {i:2d}: write tokens {a:.2f} (best single write token {max(per_token):.2f})   "
+            f"the digit's own position {b:.2f}"
+        )
 
 
 if __name__ == "__main__":
