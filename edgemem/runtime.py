@@ -24,7 +24,7 @@ bundle that holds plans. Importing this module imports neither torch nor onnxrun
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -225,6 +225,26 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.
     return int(order[rng.choice(len(ranked), p=ranked / ranked.sum())])
 
 
+def decode(
+    logits: np.ndarray,
+    advance: Callable[[int], np.ndarray],
+    stop_ids: set[int],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None,
+) -> Iterator[int]:
+    """The answer loop of the numpy engines: pick a token from `logits` [V], stop at a stop id, else
+    yield it and get the next logits from `advance(token)`. Greedy for temperature 0."""
+    rng = np.random.default_rng(seed) if temperature > 0 else None
+    for _ in range(max_new_tokens):
+        token = sample(logits, temperature, top_p, rng)
+        if token in stop_ids:
+            return
+        yield token
+        logits = advance(token)
+
+
 class BundleEngine:
     """What every engine on a bundle shares: the manifest, the state layout and the answer loop.
 
@@ -270,14 +290,14 @@ class BundleEngine:
     ) -> Iterator[int]:
         """Generated ids one at a time: the prompt runs as the last segment reading memory, then
         each new token with the growing cache. Greedy for temperature 0."""
-        rng = np.random.default_rng(seed) if temperature > 0 else None
         logits, past = self.forward(prompt, self.empty_past(), state)
-        for _ in range(max_new_tokens):
-            token = sample(logits, temperature, top_p, rng)
-            if token in stop_ids:
-                return
-            yield token
-            logits, past = self.forward([token], past, state)
+
+        def advance(token: int) -> np.ndarray:
+            nonlocal past
+            next_logits, past = self.forward([token], past, state)
+            return next_logits
+
+        yield from decode(logits, advance, stop_ids, max_new_tokens, temperature, top_p, seed)
 
 
 class OrtEngine(BundleEngine):

@@ -30,7 +30,7 @@ import numpy as np
 
 from edgemem.errors import EdgememError
 from edgemem.export.bundle import ANSWER_GRAPH, STEP_GRAPH
-from edgemem.runtime import NumpyState, OrtEngine, OrtRuntime, sample
+from edgemem.runtime import NumpyState, OrtEngine, OrtRuntime, decode
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -273,13 +273,13 @@ class SwaxOrtEngine(OrtEngine):
             state = self.step(prompt[a : a + S], state)
         for byte in prompt[whole:]:
             logits, state = self.read_byte(byte, state)
-        rng = np.random.default_rng(seed) if temperature > 0 else None
-        for _ in range(max_new_tokens):
-            byte = sample(logits, temperature, top_p, rng)
-            if byte in stop_ids:
-                return
-            yield byte
-            logits, state = self.read_byte(byte, state)
+
+        def advance(byte: int) -> np.ndarray:
+            nonlocal state
+            next_logits, state = self.read_byte(byte, state)
+            return next_logits
+
+        yield from decode(logits, advance, stop_ids, max_new_tokens, temperature, top_p, seed)
 
 
 class SwaxOrtRuntime(OrtRuntime):

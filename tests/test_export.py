@@ -573,3 +573,22 @@ def test_one_session_mode_keeps_only_the_graph_in_use_open(tiny):
         reference.generate_ids(state, [5, 6, 7], set(), max_new_tokens=4)
     )
     assert list(engine._sessions) == ["answer"]
+
+
+def test_engine_decode_loop_stops_bounds_and_samples_reproducibly():
+    """The numpy engines' answer loop: greedy follows the logits and stops at a stop id (not
+    yielded), never passes max_new_tokens, sampling with a seed repeats itself, and a tiny top_p
+    keeps only the most likely token."""
+    from edgemem.runtime import decode
+
+    table = np.eye(6, dtype=np.float32) * 5  # after token t the most likely next token is t
+    chain = {0: 1, 1: 2, 2: 3, 3: 4, 4: 5, 5: 0}
+
+    def advance(token: int) -> np.ndarray:
+        return table[chain[token]]
+
+    assert list(decode(table[1], advance, {4}, 10, 0.0, 0.95, None)) == [1, 2, 3]
+    assert list(decode(table[0], advance, set(), 3, 0.0, 0.95, None)) == [0, 1, 2]
+    sampled = [list(decode(table[0], advance, set(), 20, 2.0, 1.0, seed)) for seed in (7, 7, 8)]
+    assert sampled[0] == sampled[1] and sampled[0] != sampled[2]
+    assert list(decode(table[2], advance, set(), 4, 2.0, 1e-6, 5)) == [2, 3, 4, 5]
