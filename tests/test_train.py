@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from tiny import VOCAB, tiny_llama
 
-from edgemem.armt import ARMT, read_adapter
+from edgemem.armt import ARMT, read_adapter, save_adapter
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
 from edgemem.train import (
@@ -239,9 +239,21 @@ def test_gradient_checkpointing_and_truncation():
     assert not torch.allclose(grads[0], grads[2])
 
 
+def test_norm_inputs_reaches_the_memory_and_its_adapter(tmp_path):
+    """A config's norm_inputs builds memories that read the layer's input norm, and the adapter a
+    run saves says so (an adapter trained that way must be loaded that way)."""
+    config = replace(tiny_config(steps=1, backbone="lora"), norm_inputs=True)
+    armt = build_armt(tiny_llama(), config)
+    assert armt.config.norm_inputs
+    assert all(armt.base.model.layers[i]._norm for i in armt.config.memory_layers)
+    save_adapter(armt, tmp_path / "a.safetensors")
+    assert read_adapter(tmp_path / "a.safetensors")[0].norm_inputs
+
+
 def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     config = load_config(SHIPPED_CONFIG)
     assert config.model == "smollm2-135m-instruct" and config.stages[0].task == "lm"
+    assert config.backbone == "lora" and config.norm_inputs
     assert [s.segment_len for s in config.stages][-1] == 128
     bad = tmp_path / "bad.toml"
     bad.write_text(
