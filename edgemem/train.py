@@ -62,6 +62,7 @@ class Stage:
     needle_segment: which written segment holds it ("first", "last" or "any").
     tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
     keys: needles per document; the others are distractors with other keys.
+    digits: how many digits each needle's number has (the evaluation's niah uses 7).
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
     """
@@ -79,6 +80,7 @@ class Stage:
     needle_segment: str = "any"
     tail: int = 0
     keys: int = 1
+    digits: int = 7
     short_segment_len: int = 0
     p_short: float = 0.5
     bptt: int = 0
@@ -93,6 +95,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: the lm task needs at least 2 segments")
         if self.needle not in ("end", "random") or self.needle_segment not in ("first", "last", "any"):
             raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
+        if not 1 <= self.digits <= 12:
+            raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
         if not 0 <= self.p_short <= 1:
             raise EdgememError(f"stage {self.name!r}: p_short must lie in [0, 1]")
 
@@ -334,7 +338,7 @@ class ProseTasks:
         tail_len = rng.randint(1, stage.tail or S)
         doc = self._window(rng, S * segments + tail_len)
         keys = [random_key(rng, taken) for _ in range(stage.keys)]
-        values = [random_number(rng) for _ in keys]
+        values = [random_number(rng, stage.digits) for _ in keys]
         for key, value in zip(keys, values, strict=True):
             needle = self._ids(" " + NIAH_NEEDLE.format(key, value))[: S - 1]
             seg = _needle_segment(rng, stage, segments)

@@ -255,6 +255,7 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert config.model == "smollm2-135m-instruct" and config.stages[0].task == "lm"
     assert config.backbone == "lora" and config.norm_inputs
     assert [s.segment_len for s in config.stages][-1] == 128
+    assert [s.digits for s in config.stages if s.task == "recall"][:3] == [1, 3, 7]  # growing numbers
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
@@ -338,6 +339,21 @@ def test_recall_items_match_the_evaluation_prompt(prose_tasks):
     for row in range(2):
         scored = batch.targets[row][batch.targets[row] != -100].tolist()
         assert tok.decode(scored, skip_special_tokens=True).strip().rstrip(".").isdigit()
+
+
+def test_recall_stage_digits_sets_the_needle_number_length(prose_tasks):
+    """A stage's `digits` is how long the needle's number is, so a curriculum can start from
+    1-digit numbers; out-of-range lengths are refused."""
+    tok = prose_tasks.tokenizer
+    for digits in (1, 3, 7):
+        stage = Stage(name="r", task="recall", steps=1, segment_len=64, needle="end", digits=digits)
+        doc, _, answer = prose_tasks.recall_item(step_rng(0, digits, "t"), stage, 64, 1)
+        value = tok.decode(answer, skip_special_tokens=True).strip().rstrip(".")
+        assert value.isdigit() and len(value) == digits
+        assert tok.decode(doc[:64]).rstrip().endswith(f" is: {value}.")
+    for bad in (0, 13):
+        with pytest.raises(EdgememError, match="digits"):
+            Stage(name="r", task="recall", steps=1, segment_len=8, digits=bad)
 
 
 def test_lora_backbone_trains_lora_and_memory_only(tmp_path):
