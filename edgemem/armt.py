@@ -47,6 +47,9 @@ def default_memory_layers(num_layers: int, fraction: float = 0.2) -> tuple[int, 
     return tuple(sorted({start + int(i * step) for i in range(count)}))
 
 
+WRITE_SOURCES = ("write_tokens", "segment")
+
+
 @dataclass(frozen=True)
 class ARMTConfig:
     """Memory hyper-parameters. They travel with the adapter file.
@@ -72,6 +75,12 @@ class ARMTConfig:
     # the read is ~1/200 of the stream and the memory gets no gradient worth the name
     # (docs/RESULTS.md, "Training the memory").
     norm_inputs: bool = False
+    # What each segment writes: "write_tokens" (the paper: the layer outputs of the M write tokens)
+    # or "segment" (those of every token of the segment and the write tokens; the delta rule and
+    # the gate beta choose what stays). Untrained write tokens attend to nothing in particular and
+    # carry the segment's facts at chance, so the memory has no signal to learn from; the
+    # segment's own tokens carry them (docs/RESULTS.md, "Training the memory").
+    write_source: str = "write_tokens"
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -80,14 +89,16 @@ class ARMTConfig:
         return cls(**overrides)  # type: ignore[arg-type]
 
     def to_json(self) -> str:
-        """JSON of the config; without LoRA the LoRA fields are left out, and so is norm_inputs when
-        off, so adapters and stored states keyed by the config keep the hashes they had before
-        those options existed."""
+        """JSON of the config; without LoRA the LoRA fields are left out, and so are norm_inputs when
+        off and write_source when "write_tokens", so adapters and stored states keyed by the config
+        keep the hashes they had before those options existed."""
         data = asdict(self)
         if not self.lora_rank:
             del data["lora_rank"], data["lora_alpha"]
         if not self.norm_inputs:
             del data["norm_inputs"]
+        if self.write_source == "write_tokens":
+            del data["write_source"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -149,12 +160,18 @@ class MemoryLayer(nn.Module):
     """
 
     def __init__(
-        self, layer: nn.Module, memory: AssociativeMemory, index: int, norm: nn.Module | None = None
+        self,
+        layer: nn.Module,
+        memory: AssociativeMemory,
+        index: int,
+        norm: nn.Module | None = None,
+        write_segment: bool = False,
     ) -> None:
         super().__init__()
         self.layer = layer
         self.memory = memory
         self.index = index
+        self.write_segment = write_segment  # write every token's output, not only the write tokens'
         # The layer's own input RMSNorm when config.norm_inputs. Held in a tuple so that it is not
         # registered a second time: it already belongs to `layer`, and state dicts stay as they were.
         self._norm = (norm,) if norm is not None else ()
@@ -177,7 +194,7 @@ class MemoryLayer(nn.Module):
             hidden_states = hidden_states + self._read(hidden_states, A, z).to(hidden_states.dtype)
         out = self.layer(hidden_states, *args, **kwargs)
         if armt.write_tokens:
-            m = self._memory_input(out[:, -armt.write_tokens :])
+            m = self._memory_input(out if self.write_segment else out[:, -armt.write_tokens :])
             armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
                 m, A, z, first=armt.state.writes == 0
             )
@@ -239,6 +256,10 @@ class ARMT(nn.Module):
         bad = [i for i in config.memory_layers if not 0 <= i < len(layers)]
         if bad:
             raise EdgememError(f"memory layers {bad} out of range: the model has {len(layers)} layers")
+        if config.write_source not in WRITE_SOURCES:
+            raise EdgememError(
+                f"write_source must be one of {', '.join(WRITE_SOURCES)}, not {config.write_source!r}"
+            )
         self.base = base
         self.config = config
         d_model = base.config.hidden_size
@@ -270,7 +291,8 @@ class ARMT(nn.Module):
             norm = getattr(layers[i], "input_layernorm", None) if config.norm_inputs else None
             if config.norm_inputs and not isinstance(norm, nn.Module):
                 raise EdgememError(f"norm_inputs: layer {i} of {type(base).__name__} has no input_layernorm")
-            layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i, norm)
+            write_segment = config.write_source == "segment"
+            layers[i] = MemoryLayer(layers[i], self.memories[str(i)], i, norm, write_segment)
 
     # ----- the state -----
 
@@ -439,6 +461,8 @@ def _config_problem(config: ARMTConfig) -> str | None:
             return f"{name} {getattr(config, name)!r} is not a whole number from {low} to {high}"
     if not isinstance(config.norm_inputs, bool):
         return f"norm_inputs {config.norm_inputs!r} is not true or false"
+    if config.write_source not in WRITE_SOURCES:
+        return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha

@@ -112,6 +112,7 @@ class TrainConfig:
     lora_rank: int = 16  # with backbone = "lora"
     lora_alpha: float = 16.0
     norm_inputs: bool = False  # the memory sees the layer's input RMSNorm of h (ARMTConfig.norm_inputs)
+    write_source: str = "write_tokens"  # or "segment": every token of a segment writes (ARMTConfig)
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -709,6 +710,7 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         "num_write_tokens": config.num_write_tokens,
         "d_mem": config.d_mem,
         "norm_inputs": config.norm_inputs,
+        "write_source": config.write_source,
     }
     if config.memory_layers:
         overrides["memory_layers"] = config.memory_layers

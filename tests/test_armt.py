@@ -278,3 +278,44 @@ def test_norm_inputs_memory_sees_the_layers_input_norm(arch, tmp_path):
     config, _ = read_adapter(tmp_path / "n.safetensors")
     assert config.norm_inputs and '"norm_inputs": true' in config.to_json()
     assert "norm_inputs" not in ARMTConfig.for_model(30).to_json()  # old adapters keep their hashes
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_segment_write_source_writes_every_tokens_output(arch, tmp_path):
+    """write_source = "segment": a step writes the layer outputs of every token of the segment and
+    the write tokens (the default writes the write tokens' only). A fresh memory is still the base
+    model, the choice travels in the adapter (and is left out of the JSON when default, so older
+    adapters keep their hashes), and an unknown source is refused."""
+    base = MAKERS[arch]()
+    n = base.config.num_hidden_layers
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        expected_logits = base(ids).logits
+    for source, written in (("write_tokens", slice(-3, None)), ("segment", slice(None))):
+        armt = ARMT(
+            base,
+            ARMTConfig.for_model(
+                n, segment_len=12, num_write_tokens=3, d_mem=8, memory_layers=(2,), write_source=source
+            ),
+        )
+        layer = armt.base.model.layers[2]
+        outputs: list[torch.Tensor] = []
+        hook = layer.layer.register_forward_hook(lambda _m, _a, out, seen=outputs: seen.append(out))
+        with torch.no_grad():
+            _, fresh = armt.step(ids, armt.empty_state(2), return_logits=True)
+            torch.testing.assert_close(fresh, expected_logits, atol=1e-5, rtol=1e-5)
+            randomise_memory(armt)
+            outputs.clear()
+            state, _ = armt.step(ids, armt.empty_state(2))
+            A, z = armt.memories["2"].empty_state(2)
+            want = armt.memories["2"].write(outputs[0][:, written], A, z, first=True)
+        hook.remove()
+        torch.testing.assert_close(state.A[2], want[0])
+        torch.testing.assert_close(state.z[2], want[1])
+        save_adapter(armt, tmp_path / f"{source}.safetensors")
+        assert read_adapter(tmp_path / f"{source}.safetensors")[0].write_source == source
+    assert "write_source" not in ARMTConfig.for_model(30).to_json()
+    from edgemem.errors import EdgememError
+
+    with pytest.raises(EdgememError, match="write_source"):
+        ARMT(base, ARMTConfig.for_model(n, memory_layers=(2,), write_source="everything"))

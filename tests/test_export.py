@@ -283,9 +283,9 @@ def test_session_options_follow_the_settings():
 def test_gemma3_sliding_window_engine_matches_torch(tmp_path):
     """Gemma-3 interleaves sliding-window layers (window 8 here): the engine's segment step and its
     answer past the window must still match PyTorch, with what the training recipe adds (the
-    memory reading the layer's input norm, LoRA on every projection; the tiny Llama tests cover
-    the plain memory)."""
-    trained_like = {"norm_inputs": True, "lora_rank": 4}
+    memory reading the layer's input norm, LoRA on every projection, every token of a segment
+    writing; the tiny Llama tests cover the plain memory)."""
+    trained_like = {"norm_inputs": True, "lora_rank": 4, "write_source": "segment"}
     from tiny import tiny_gemma3
 
     from edgemem.armt import ARMT, ARMTConfig

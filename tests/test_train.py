@@ -239,15 +239,18 @@ def test_gradient_checkpointing_and_truncation():
     assert not torch.allclose(grads[0], grads[2])
 
 
-def test_norm_inputs_reaches_the_memory_and_its_adapter(tmp_path):
-    """A config's norm_inputs builds memories that read the layer's input norm, and the adapter a
-    run saves says so (an adapter trained that way must be loaded that way)."""
-    config = replace(tiny_config(steps=1, backbone="lora"), norm_inputs=True)
+def test_norm_inputs_and_write_source_reach_the_memory_and_its_adapter(tmp_path):
+    """A config's norm_inputs builds memories that read the layer's input norm, its write_source
+    memories that write every token, and the adapter a run saves says so (an adapter trained that
+    way must be loaded that way)."""
+    config = replace(tiny_config(steps=1, backbone="lora"), norm_inputs=True, write_source="segment")
     armt = build_armt(tiny_llama(), config)
-    assert armt.config.norm_inputs
-    assert all(armt.base.model.layers[i]._norm for i in armt.config.memory_layers)
+    assert armt.config.norm_inputs and armt.config.write_source == "segment"
+    layers = [armt.base.model.layers[i] for i in armt.config.memory_layers]
+    assert all(layer._norm and layer.write_segment for layer in layers)
     save_adapter(armt, tmp_path / "a.safetensors")
-    assert read_adapter(tmp_path / "a.safetensors")[0].norm_inputs
+    saved = read_adapter(tmp_path / "a.safetensors")[0]
+    assert saved.norm_inputs and saved.write_source == "segment"
 
 
 def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
