@@ -58,7 +58,9 @@ def memory_write(
     else:
         vbar = memory_read(k, A, z).detach()
         gamma = write_gamma(k, z).detach()
-    A = A + torch.einsum("bmk,bmd,bm->bkd", k, v - vbar, beta)
+    # one batched matmul k^T [B, K, M] @ [B, M, D]; a three-operand einsum built the [B, M, K, D]
+    # outer product first (283 MB per layer for 80 pairs at batch 4)
+    A = A + k.transpose(1, 2) @ ((v - vbar) * beta.unsqueeze(-1))
     z = z + (gamma.unsqueeze(-1) * k).sum(1)
     return A, z
 
