@@ -113,6 +113,7 @@ class TrainConfig:
     lora_alpha: float = 16.0
     norm_inputs: bool = False  # the memory sees the layer's input RMSNorm of h (ARMTConfig.norm_inputs)
     write_source: str = "write_tokens"  # or "segment": every token of a segment writes (ARMTConfig)
+    memory_lr_scale: float = 1.0  # the memory and write embeddings step at this multiple of the lr
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -131,6 +132,8 @@ class TrainConfig:
             raise EdgememError(f"backbone must be 'frozen', 'lora' or 'full', not {self.backbone!r}")
         if not self.stages:
             raise EdgememError("a training config needs at least one stage")
+        if not 0 < self.memory_lr_scale <= 1000:
+            raise EdgememError(f"memory_lr_scale must lie in (0, 1000], not {self.memory_lr_scale}")
 
     @property
     def total_steps(self) -> int:
@@ -460,6 +463,11 @@ def _checkpointed_step(armt: ARMT, ids: Tensor, state: MemoryState, want_logits:
 # ----- checkpoints -----
 
 
+def _is_memory(name: str) -> bool:
+    """A memory parameter (W_Q, W_K, W_V, W_b of a memory layer) or the write embeddings."""
+    return ".memory." in name or name.startswith("memories.") or name == "write_embeddings"
+
+
 def _trainable(armt: ARMT) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in armt.named_parameters() if p.requires_grad}
 
@@ -580,8 +588,14 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
     out = run.out
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.safetensors"
-    params = list(_trainable(armt).values())
-    optimizer = torch.optim.AdamW(params, lr=config.stages[0].lr, weight_decay=0.0)
+    trainable = _trainable(armt)
+    params = list(trainable.values())
+    memory = [p for n, p in trainable.items() if _is_memory(n)]
+    rest = [p for n, p in trainable.items() if not _is_memory(n)]
+    groups = [{"params": memory, "scale": config.memory_lr_scale}, {"params": rest, "scale": 1.0}]
+    optimizer = torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=config.stages[0].lr, weight_decay=0.0
+    )
     step = 0
     if ckpt.is_file():
         step, saved = load_checkpoint(ckpt, armt, optimizer)
@@ -597,7 +611,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
         S, n = batch_shape(config, step)
         lr = learning_rate(stage, local)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["scale"]
         started = time.perf_counter()
         batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))

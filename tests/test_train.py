@@ -220,6 +220,30 @@ def test_frozen_backbone_trains_only_the_adapter(tmp_path):
     assert len(saved) == len(run.armt.adapter_tensors())  # the checkpoint holds the adapter, nothing more
 
 
+def test_memory_lr_scale_multiplies_the_memorys_learning_rate_only(tmp_path):
+    """memory_lr_scale: the memory's parameters and write embeddings step at that multiple of the
+    schedule's learning rate, the LoRA matrices at the schedule's own (Adam's first step moves each
+    parameter by about its learning rate, so the moves compare directly)."""
+    moves = {}
+    for scale in (1.0, 4.0):
+        config = replace(tiny_config(steps=1, backbone="lora"), memory_lr_scale=scale)
+        run = tiny_run(config, tmp_path / str(scale))
+        before = {n: p.detach().clone() for n, p in run.armt.named_parameters() if p.requires_grad}
+        train(config, run)
+        after = dict(run.armt.named_parameters())
+        moves[scale] = {
+            group: torch.cat([(after[n] - before[n]).abs().flatten() for n in before if pick(n)]).max()
+            for group, pick in (
+                ("memory", lambda n: ".memory." in n or n == "write_embeddings"),
+                ("lora", lambda n: n.endswith((".A", ".B")) and ".memory." not in n),
+            )
+        }
+    torch.testing.assert_close(moves[4.0]["memory"], 4 * moves[1.0]["memory"], rtol=1e-3, atol=0)
+    torch.testing.assert_close(moves[4.0]["lora"], moves[1.0]["lora"], rtol=1e-3, atol=0)
+    with pytest.raises(EdgememError, match="memory_lr_scale"):
+        replace(tiny_config(), memory_lr_scale=0.0)
+
+
 def test_gradient_checkpointing_and_truncation():
     """Recomputing segments gives the same gradients; truncated BPTT cuts the gradient of early writes."""
     config = tiny_config(steps=1, segments=(3,), needle_segment="first", needle="random")
