@@ -153,7 +153,8 @@ class _SegmentContext:
 
 
 class MemoryLayer(nn.Module):
-    """Wraps one decoder layer: memory read at its input, memory write from its write-token outputs.
+    """Wraps one decoder layer: memory read at its input, memory write from its write-token outputs
+    (from every token's outputs with `write_segment`, ARMTConfig.write_source = "segment").
 
     Holds a reference to the original layer (no copy of base weights). Without an `armt` context
     it is exactly the original layer.
