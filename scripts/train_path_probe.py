@@ -83,7 +83,7 @@ def main() -> None:
         for i in range(n_total):
             doc, prompt, answer = tasks.recall_item(rng, stage, 64, 1)
             written = torch.tensor([doc[:64]])
-            embeds = torch.cat([armt._embed(written, write=True)], dim=1)
+            embeds = armt._embed(written, write=True)  # the segment, then the M write embeddings
             hid = base.model(inputs_embeds=embeds, output_hidden_states=True, use_cache=False).hidden_states
             if args.all_tokens:  # the segment's tokens and the write tokens
                 m = norm(hid[L + 1][0])
@@ -126,13 +126,17 @@ def main() -> None:
         mask = tgt != -100
         logits = head(x[mask])
         loss = F.cross_entropy(logits, tgt[mask])
-        # digits only: the tokens that are digits in the gold answer
         gold = tgt[mask]
-        is_digit = torch.tensor([loaded.tokenizer.decode([int(g)]).strip().isdigit() for g in gold])
+        is_digit = torch.isin(gold, digit_ids)  # digits only: the answer's digit tokens
         acc = (logits.argmax(-1) == gold)[is_digit].float().mean().item()
         digit_loss = F.cross_entropy(logits[is_digit], gold[is_digit]).item()
         return loss, acc, digit_loss
 
+    digit_ids = torch.tensor(
+        sorted(
+            {int(t) for t in torch.cat(ts) if t >= 0 and loaded.tokenizer.decode([int(t)]).strip().isdigit()}
+        )
+    )
     train_idx = list(range(args.items))
     test_idx = list(range(args.items, n_total))
     print(
