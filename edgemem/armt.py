@@ -435,16 +435,23 @@ def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
     meta, tensors = read_safetensors(path, "adapter")
     if meta.get("format") != ADAPTER_FORMAT or "config" not in meta:
         raise EdgememError(f"adapter {path} has no edgemem adapter metadata")
-    try:
-        config = ARMTConfig.from_json(meta["config"])
-    except (ValueError, TypeError, KeyError) as exc:
-        raise EdgememError(f"adapter {path} has an invalid memory config: {exc}") from exc
-    if problem := _config_problem(config):
-        raise EdgememError(f"adapter {path} has an invalid memory config: {problem}")
+    config = parse_config(meta["config"], f"adapter {path}")
     for name, tensor in tensors.items():
         if not tensor.is_floating_point() or not bool(torch.isfinite(tensor).all()):
             raise EdgememError(f"adapter {path}: tensor {name} is not finite floating point")
     return config, tensors
+
+
+def parse_config(text: str, owner: str) -> ARMTConfig:
+    """An ARMTConfig from its JSON as stored in an adapter or a bundle manifest (`owner` names it in
+    the one-line error a damaged or forged one gets)."""
+    try:
+        config = ARMTConfig.from_json(text)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise EdgememError(f"{owner} has an invalid memory config: {exc}") from exc
+    if problem := _config_problem(config):
+        raise EdgememError(f"{owner} has an invalid memory config: {problem}")
+    return config
 
 
 def _config_problem(config: ARMTConfig) -> str | None:

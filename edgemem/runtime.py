@@ -545,7 +545,7 @@ class OrtRuntime:
     """
 
     def __init__(self, engine: BundleEngine, tokenizer: Any) -> None:
-        from edgemem.armt import ARMTConfig
+        from edgemem.armt import ARMTConfig, parse_config
 
         m = engine.manifest
         self.engine = engine
@@ -554,7 +554,10 @@ class OrtRuntime:
         self.name = m.model_name
         self.model_id = m.engine_id
         self.adapter_hash = m.adapter_hash
-        self.config = ARMTConfig(tuple(m.memory_layers), m.segment_len, m.num_write_tokens, m.d_mem, m.nu)
+        if m.armt_config is not None:
+            self.config = parse_config(m.armt_config, f"engine {engine.root}")
+        else:  # a SWAX bundle or an older export: the fields the manifest lists
+            self.config = ARMTConfig(tuple(m.memory_layers), m.segment_len, m.num_write_tokens, m.d_mem, m.nu)
         if m.quantization:
             self.backend = f"{engine.backend}-{m.quantization}"
 

@@ -70,6 +70,9 @@ class Manifest:
     quantization: str | None = None
     tensorrt: dict[str, str] = field(default_factory=dict)  # graph -> serialized engine (plan) path
     tensorrt_target: str | None = None  # the compute capability the plans were built for (None: this GPU)
+    armt_config: str | None = (
+        None  # the adapter's ARMTConfig JSON (None: a SWAX bundle, or one made before it was recorded)
+    )
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     format: str = FORMAT
@@ -93,7 +96,7 @@ class Manifest:
 _STR, _INT, _BOOL, _OPT_STR = "str", "int", "bool", "str or null"
 _FIELD_TYPES = {
     **dict.fromkeys(("model_name", "model_id", "architecture", "adapter_hash", "created", "format"), _STR),
-    **dict.fromkeys(("adapter_file_sha256", "quantization", "tensorrt_target"), _OPT_STR),
+    **dict.fromkeys(("adapter_file_sha256", "quantization", "tensorrt_target", "armt_config"), _OPT_STR),
     **dict.fromkeys(("segment_len", "num_write_tokens", "d_mem", "nu", "vocab_size", "opset"), _INT),
     "trained": _BOOL,
 }

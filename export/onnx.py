@@ -248,6 +248,7 @@ def export_bundle(
             tokenizer_files=tok_files,
             opset=OPSET,
             quantization=quantize,
+            armt_config=cfg.to_json(),
             versions=_versions(),
             created=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )

@@ -235,6 +235,12 @@ def test_manifest_validation_refuses_bad_bundles(tiny, tmp_path, edit, message):
         read_manifest(edited_copy(tiny, tmp_path, edit))
 
 
+def test_engine_with_a_damaged_memory_config_is_refused_in_one_line(tiny, tmp_path):
+    copy = edited_copy(tiny, tmp_path, lambda d: d.update(armt_config='{"segment_len": "long"}'))
+    with pytest.raises(EdgememError, match="invalid memory config"):
+        open_engine(copy)
+
+
 def test_graph_that_disagrees_with_its_manifest_is_refused(tiny, tmp_path):
     def wrong_segment(data):
         data["segment_len"] = SEGMENT * 2
@@ -316,6 +322,7 @@ def test_gemma3_sliding_window_engine_matches_torch(tmp_path):
         )
     for name, tensor in a.named_tensors().items():
         assert float((b.named_tensors()[name] - tensor).norm() / tensor.norm()) < 1e-4
+    assert ort_rt.config == armt.config  # the engine reports the whole config, LoRA and write source included
 
 
 def test_importing_the_runtime_loads_neither_torch_nor_onnxruntime():
