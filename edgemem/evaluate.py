@@ -12,6 +12,7 @@ cache full attention over the whole context would need.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -25,6 +26,8 @@ from edgemem.errors import EdgememError
 from edgemem.scoring import score
 
 DEFAULT_RESULTS = Path("docs/eval")
+# The adapter of armt lines run with a fresh memory (and of lines from before it was recorded).
+UNTRAINED = "untrained"
 MAX_NEW_TOKENS = {"niah": 32, "niah-mk": 32, "niah-mv": 96, "vt": 64, "docqa": 8, "types": 16}
 TABLE_BEGIN, TABLE_END = "<!-- eval-table:begin -->", "<!-- eval-table:end -->"
 
@@ -59,14 +62,32 @@ def results_file(results: Path, model: str, task: str, label: str) -> Path:
     return results / _model_dir_name(model) / f"{task}.{label}.jsonl"
 
 
-def _done_ids(path: Path) -> set[str]:
+def adapter_id(model: str, adapter: str | None) -> str:
+    """Which memory an `armt` run uses: the first 16 hex digits of the sha256 of its adapter file
+    (the one given, else the one shipped for the model), or UNTRAINED. Recorded on every armt
+    line, so items run with another memory are neither skipped on resume nor mixed in a row."""
+    from edgemem.assistant import shipped_adapter
+    from edgemem.models import REGISTRY
+
+    path = Path(adapter).expanduser() if adapter else (shipped_adapter(model) if model in REGISTRY else None)
+    if path is None:
+        return UNTRAINED
+    if not path.is_file():
+        raise EdgememError(f"adapter {path} does not exist")
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def _done_ids(path: Path, adapter: str | None = None) -> set[str]:
+    """Ids already in a results file (for armt, `adapter` given: only those run with that memory)."""
     if not path.is_file():
         return set()
     done = set()
     for line in path.read_text().splitlines():
         try:
-            done.add(json.loads(line)["id"])
-        except (json.JSONDecodeError, KeyError):
+            record = json.loads(line)
+            if adapter is None or record.get("adapter", UNTRAINED) == adapter:
+                done.add(record["id"])
+        except (json.JSONDecodeError, KeyError, AttributeError):
             continue  # a line cut by a kill: that item runs again
     return done
 
@@ -121,7 +142,8 @@ def run(
     fix_mmap_threshold()
     label = method_label(method, engine)
     path = results_file(results, model, task, label)
-    done = _done_ids(path)
+    memory = adapter_id(model, adapter) if method == "armt" else None
+    done = _done_ids(path, memory)
     if items is None:
         builder = Builder(load_tokenizer(model))
 
@@ -161,6 +183,8 @@ def run(
                     "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
                     "depth": item.meta.get("depth"),
                 }
+                if memory is not None:
+                    record["adapter"] = memory
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 os.fsync(out.fileno())
@@ -181,13 +205,30 @@ def _kv_per_token(runner: object) -> int:
 
 
 def load_records(results: Path) -> list[dict]:
+    """Every result line. armt lines are labelled by their memory: `armt-untrained` for the fresh
+    one, `armt` for the trained adapter of the file's latest trained line; lines of older adapters
+    are left out."""
     records = []
     for path in sorted(results.glob("*/*.jsonl")):
+        lines = []
         for line in path.read_text().splitlines():
             try:
-                records.append(json.loads(line))
+                lines.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
+        trained = [
+            r.get("adapter")
+            for r in lines
+            if r.get("method") == "armt" and r.get("adapter", UNTRAINED) != UNTRAINED
+        ]
+        for r in lines:
+            if r.get("method") == "armt":
+                memory = r.get("adapter", UNTRAINED)
+                if memory == UNTRAINED:
+                    r = {**r, "method": "armt-untrained"}
+                elif memory != trained[-1]:
+                    continue
+            records.append(r)
     return records
 
 

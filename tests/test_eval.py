@@ -15,6 +15,9 @@ from edgemem.errors import EdgememError
 from edgemem.evaluate import (
     TABLE_BEGIN,
     TABLE_END,
+    UNTRAINED,
+    _done_ids,
+    adapter_id,
     load_records,
     markdown_table,
     parse_lengths,
@@ -97,6 +100,27 @@ def test_summary_table_plot_and_results_file_update(tmp_path):
     )
 
 
+def test_armt_lines_are_kept_apart_by_the_memory_that_made_them(tmp_path):
+    """A new adapter re-runs the items an older memory answered (resume skips only its own), and
+    the table shows the fresh memory as armt-untrained and only the latest trained adapter as armt."""
+    path = tmp_path / "m" / "niah.armt.jsonl"
+    path.parent.mkdir()
+    old = {**_record("armt", 1024, False), "id": "a"}  # before adapters were recorded: untrained
+    first = {**_record("armt", 1024, False), "id": "a", "adapter": "1111"}
+    second = {**_record("armt", 1024, True), "id": "a", "adapter": "2222"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in (old, first, second)))
+    assert _done_ids(path, UNTRAINED) == _done_ids(path, "2222") == {"a"}
+    assert _done_ids(path, "3333") == set()
+    rows = summarize(load_records(tmp_path))
+    assert [(r["method"], r["accuracy"]) for r in rows] == [("armt", 1.0), ("armt-untrained", 0.0)]
+    adapter = tmp_path / "a.safetensors"
+    adapter.write_bytes(b"x")
+    assert adapter_id("smollm2-135m-instruct", str(adapter)) == "2d711642b726b044"
+    assert adapter_id(str(tmp_path / "model-folder"), None) == UNTRAINED
+    with pytest.raises(EdgememError, match="does not exist"):
+        adapter_id("smollm2-135m-instruct", str(tmp_path / "missing.safetensors"))
+
+
 def test_eval_cli_mistakes_are_one_line_errors():
     runner = CliRunner()
     for args, message in (
@@ -164,6 +188,8 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
         json.loads(x) for x in (results / "smollm2-135m-instruct/niah.armt.jsonl").read_text().splitlines()
     ]
     assert all(r["memory_mb"] < r["kv_full_mb"] + 6 for r in armt)
+    assert {r["adapter"] for r in armt} == {adapter_id("smollm2-135m-instruct", None)}
     rows = summarize(load_records(results))
-    assert {r["method"] for r in rows} >= {"armt", "window-hf", "rag-hf", "oracle-hf"}
+    armt_label = "armt-untrained" if armt[0]["adapter"] == UNTRAINED else "armt"
+    assert {r["method"] for r in rows} >= {armt_label, "window-hf", "rag-hf", "oracle-hf"}
     assert Path(plot(rows, tmp_path / "a.png")).is_file()
