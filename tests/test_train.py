@@ -297,6 +297,31 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
         load_config(bad)
 
 
+def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_they_ablate(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablations", REPO / "scripts" / "train_ablations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    configs = {}
+    for name, text in module.variants().items():
+        (tmp_path / f"{name}.toml").write_text(text)
+        configs[name] = load_config(tmp_path / f"{name}.toml")
+    base = configs["layers-spread"]
+    assert base.backbone == "lora" and base.norm_inputs and base.write_source == "segment"
+    assert {c.total_steps for c in configs.values()} == {base.total_steps}  # equal compute
+    assert (
+        configs["layers-low"].memory_layers == (0, 1, 2, 3, 4, 5)
+        and len(configs["layers-all"].memory_layers) == 30
+    )
+    last = {name: c.stages[-1] for name, c in configs.items()}
+    assert last["segment-fixed-64"].segment_len * max(last["segment-fixed-64"].segments) == 256
+    assert (
+        last["segment-stochastic-0.75"].short_segment_len == 64
+        and last["segment-stochastic-0.75"].p_short == 0.75
+    )
+
+
 def test_cli_train_errors_are_one_line(tmp_path):
     result = subprocess.run(
         [
