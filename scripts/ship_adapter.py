@@ -7,7 +7,8 @@
 `Assistant.open` loads edgemem/adapters/<model>.safetensors by default. The card (same name, .md)
 is built from the adapter's own metadata (memory config, training config, step), the run's
 log.jsonl (tokens, step time, held-out recall by step) and the evaluation files given with --eval
-(accuracy per length bin of the items whose adapter hash is the shipped one).
+(accuracy per length bin of the lines run with the shipped file: `edgemem eval --method armt`
+after this script, or with `--adapter edgemem/adapters/<model>.safetensors`).
 float16 halves the file; the script checks that no tensor moves by more than float16 rounding.
 """
 
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgemem.armt import ADAPTER_FORMAT, read_adapter  # noqa: E402
+from edgemem.evaluate import adapter_id  # noqa: E402
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
 
 
@@ -61,13 +63,13 @@ def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
     return tokens, seconds, evals
 
 
-def eval_rows(files: list[Path], adapter_hash: str) -> list[str]:
+def eval_rows(files: list[Path], file_id: str) -> list[str]:
     rows = ["| file | length | correct | items | seconds per item |", "|---|---|---|---|---|"]
     for file in files:
         bins: dict[int, list[dict]] = defaultdict(list)
         for line in file.read_text().splitlines():
             rec = json.loads(line)
-            if rec.get("adapter_hash", adapter_hash) == adapter_hash:
+            if rec.get("adapter") == file_id:
                 bins[rec["length"]].append(rec)
         for length, recs in sorted(bins.items()):
             right = sum(bool(r["correct"]) for r in recs)
@@ -105,6 +107,7 @@ def main() -> None:
     adapter_hash = armt.adapter_hash()
 
     size = out.stat().st_size / 1e6
+    file_id = adapter_id(model, str(out))
     tokens, seconds, evals = log_summary(args.run, step)
     params = sum(t.numel() for t in tensors.values())
     held_out = []
@@ -127,7 +130,8 @@ def main() -> None:
         f"- Memory: `{config.to_json()}`.",
         f"- Trainable tensors: {params:,} parameters (memory projections, write embeddings, "
         f"LoRA r={config.lora_rank} on every projection), stored as float16 ({size:.1f} MB).",
-        f"- Adapter hash (the key of every stored state made with it): `{adapter_hash[:16]}`.",
+        f"- Adapter hash (the key of every stored state made with it): `{adapter_hash[:16]}`; "
+        f"file id in evaluation lines: `{file_id}`.",
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
         f"- Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, float32, "
@@ -154,7 +158,7 @@ def main() -> None:
         "",
         "## Evaluation (`edgemem eval`, test split)",
         "",
-        *(eval_rows(args.eval, adapter_hash) if args.eval else ["Not evaluated yet."]),
+        *(eval_rows(args.eval, file_id) if args.eval else ["Not evaluated yet."]),
         "",
         'See docs/RESULTS.md, "Training the memory", for the baselines and what is left.',
         "",
