@@ -48,6 +48,25 @@ def stage_rows(train_config: dict) -> list[str]:
     return rows
 
 
+def stage_at(train_config: dict, step: int) -> str:
+    end = 0
+    for s in train_config["stages"]:
+        end += s["steps"]
+        if step <= end:
+            return s["name"]
+    return train_config["stages"][-1]["name"]
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
     """(tokens, seconds of step time, held-out evaluations) of the run up to `last_step`."""
     tokens, seconds, evals = 0, 0.0, []
@@ -134,7 +153,7 @@ def main() -> None:
         f"file id in evaluation lines: `{file_id}`.",
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
-        f"- Hardware: {platform.processor() or platform.machine()}, {os.cpu_count()} CPU threads, float32, "
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, float32, "
         f"{train_config['threads']} training threads.",
         "- Data: real prose from the train split of the prepared corpora "
         f"({', '.join(train_config['corpora'])}; `edgemem data prepare`), "
@@ -147,7 +166,8 @@ def main() -> None:
         "",
         *stage_rows(train_config),
         "",
-        f"Stages after step {step} had not run when this adapter was shipped.",
+        f"This is the checkpoint after step {step}, in stage `{stage_at(train_config, step)}`; the "
+        "recipe's later steps are not in it.",
         "",
         "## Held-out recall during training",
         "",

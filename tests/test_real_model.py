@@ -84,3 +84,33 @@ def test_bench_ingest_writes_paired_results(tmp_path):
     (row,) = results
     assert row["segments"] == 2 and row["paired_segments"] == 2  # 1100 tokens = 2 x 512 + a tail
     assert row["armt_tokens_per_s"] > 0 and row["plain_tokens_per_s"] > 0 and row["state_mb"] > 5
+
+
+def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
+    """The adapter edgemem ships (and loads by default) recalls 7-digit needles from real prose
+    1k tokens long (8 segments of 128: the needle is written into the memory, not in the tail the
+    answer sees); a fresh memory around the same model does not."""
+    from test_tasks import LICENSES, _write
+
+    from edgemem.assistant import Assistant, shipped_adapter
+    from edgemem.data.tasks import Builder
+    from edgemem.methods import ARMTMethod
+    from edgemem.scoring import score
+
+    root = tmp_path / "corpora"
+    root.mkdir()
+    prose = [{"name": p.name, "kind": "prose", "text": p.read_text()} for p in sorted(LICENSES.glob("GPL-*"))]
+    _write(root, "linux-doc", prose)
+    assistant = Assistant.open("smollm2-135m-instruct", dtype=torch.float32)
+    assert assistant.adapter_path == shipped_adapter("smollm2-135m-instruct") is not None
+    tokenizer = assistant.loaded.tokenizer
+    items = list(Builder(tokenizer, root, prose=("linux-doc",), code=()).build("niah", 1024, 4))
+    fresh = load_model("smollm2-135m-instruct", dtype=torch.float32)
+    untrained = ARMT(fresh.model, ARMTConfig.for_model(30, segment_len=assistant.armt.config.segment_len))
+
+    def right(armt: ARMT) -> int:
+        method = ARMTMethod(armt, tokenizer)
+        return sum(score("niah", method.predict(it, 16).text, it.answers).correct for it in items)
+
+    trained_right, untrained_right = right(assistant.armt), right(untrained)
+    assert trained_right >= 3 and untrained_right <= 1, (trained_right, untrained_right)
