@@ -502,6 +502,7 @@ def test_bench_runtimes_reports_the_median_of_its_rounds():
 @pytest.fixture
 def default_engine(tiny):
     """The tiny bundle posing as SmolLM2's exported engine in the default place (removed after)."""
+    from edgemem.assistant import shipped_adapter
     from edgemem.export.bundle import sha256_file
     from edgemem.models import REGISTRY
     from edgemem.runtime import default_engine_dir
@@ -516,7 +517,9 @@ def default_engine(tiny):
     data.update(
         model_name="smollm2-135m-instruct",
         model_id=f"smollm2-135m-instruct@{sha256_file(gguf)[:16]}",
-        adapter_file_sha256=None,
+        adapter_file_sha256=sha256_file(shipped)
+        if (shipped := shipped_adapter("smollm2-135m-instruct"))
+        else None,
     )
     (root / MANIFEST).write_text(json.dumps(data))
     yield root
