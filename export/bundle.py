@@ -70,9 +70,8 @@ class Manifest:
     quantization: str | None = None
     tensorrt: dict[str, str] = field(default_factory=dict)  # graph -> serialized engine (plan) path
     tensorrt_target: str | None = None  # the compute capability the plans were built for (None: this GPU)
-    armt_config: str | None = (
-        None  # the adapter's ARMTConfig JSON (None: a SWAX bundle, or one made before it was recorded)
-    )
+    # the adapter's ARMTConfig JSON (None: a SWAX bundle, or one exported before it was recorded)
+    armt_config: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     format: str = FORMAT
