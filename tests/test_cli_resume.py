@@ -22,6 +22,9 @@ def ingest_process(home, model, doc):
     command = [
         sys.executable,
         "-c",
+        # Ctrl-C raises KeyboardInterrupt even when this suite runs as a background job (`cmd &` in
+        # a script), whose children inherit SIGINT ignored and so would never see the signal
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
         "from edgemem.cli import main; main()",
         "ingest",
         str(doc),
@@ -59,12 +62,14 @@ def test_ctrl_c_during_cli_ingest_then_the_same_command_resumes(tmp_path, monkey
 
     # The same command again, in this process this time, interrupted the same way after 2 s.
     monkeypatch.setenv("EDGEMEM_HOME", str(home))
-    timer = threading.Timer(2.0, _thread.interrupt_main)
+    timer = threading.Timer(2.0, _thread.interrupt_main)  # does nothing while SIGINT is ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer.start()
     try:
         result = CliRunner().invoke(app, ["ingest", str(doc), "--model", str(model), "--segment-len", "16"])
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     assert result.exit_code == 130, result.output
     assert f"resuming the ingest of {doc} from {checkpoint.tokens:,} tokens" in result.stderr
     with Library(home / "data") as lib:
