@@ -48,6 +48,17 @@ def stage_rows(train_config: dict) -> list[str]:
     return rows
 
 
+def same_file_content(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bool:
+    if not path.is_file():
+        return False
+    meta, old = read_safetensors(path, "adapter")
+    return (
+        meta == metadata
+        and old.keys() == tensors.keys()
+        and all(old[k].dtype == v.dtype and torch.equal(old[k], v) for k, v in tensors.items())
+    )
+
+
 def stage_at(train_config: dict, step: int) -> str:
     end = 0
     for s in train_config["stages"]:
@@ -116,7 +127,9 @@ def main() -> None:
         if err > 1e-3 * max(1.0, float(tensor.abs().max())):
             raise SystemExit(f"{name}: float16 moves it by {err:g}; ship float32 instead")
     out = args.out / f"{model}.safetensors"
-    atomic_write_bytes(out, save(half, metadata={**meta, "format": ADAPTER_FORMAT}))
+    metadata = {**meta, "format": ADAPTER_FORMAT}
+    if not same_file_content(out, half, metadata):  # safetensors orders metadata differently per run:
+        atomic_write_bytes(out, save(half, metadata=metadata))  # keep the bytes (and eval id) when equal
 
     from edgemem.armt import ARMT
     from edgemem.models import load_model
