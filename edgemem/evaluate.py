@@ -12,7 +12,6 @@ cache full attention over the whole context would need.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -67,6 +66,7 @@ def adapter_id(model: str, adapter: str | None) -> str:
     (the one given, else the one shipped for the model), or UNTRAINED. Recorded on every armt
     line, so items run with another memory are neither skipped on resume nor mixed in a row."""
     from edgemem.assistant import shipped_adapter
+    from edgemem.export.bundle import sha256_file
     from edgemem.models import REGISTRY
 
     path = Path(adapter).expanduser() if adapter else (shipped_adapter(model) if model in REGISTRY else None)
@@ -74,7 +74,7 @@ def adapter_id(model: str, adapter: str | None) -> str:
         return UNTRAINED
     if not path.is_file():
         raise EdgememError(f"adapter {path} does not exist")
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    return sha256_file(path)[:16]
 
 
 def _done_ids(path: Path, adapter: str | None = None) -> set[str]:

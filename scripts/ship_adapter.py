@@ -172,8 +172,8 @@ def main() -> None:
         f"({', '.join(train_config['corpora'])}; `edgemem data prepare`), "
         "RULER-style needles (a 7-digit number for a key) placed as the stages say; held-out recall on the "
         "validation split.",
-        "- Config: `configs/train/smollm2-135m.toml`; resumed runs continue exactly (checkpoints hold "
-        "optimizer state, step and RNG).",
+        "- Config: the whole training config is in this file's metadata (`train_config`); resumed runs "
+        "continue exactly (checkpoints hold optimizer state, step and RNG).",
         "",
         "## Stages",
         "",
@@ -184,8 +184,8 @@ def main() -> None:
         "",
         "## Held-out recall during training",
         "",
-        "Exact 7-digit recall (1-3 digits in the bootstrap stages) on 16 validation items, the needle in a "
-        "random one of N written 128-token segments.",
+        f"Exact recall of the stage's numbers on {train_config['eval_items']} validation items per cell, "
+        "the needle placed as the stage places it, with N written segments of the stage's length.",
         "",
         *held_out,
         "",

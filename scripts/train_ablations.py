@@ -43,44 +43,7 @@ eval_every = 100
 eval_items = 32
 eval_segments = [{eval_at}]
 {extra}
-[[stage]]
-name = "bootstrap-1"
-task = "recall"
-steps = 100
-segment_len = 64
-segments = [1]
-needle = "end"
-needle_segment = "first"
-tail = 8
-digits = 1
-warmup = 20
-min_lr_ratio = 0.5
-
-[[stage]]
-name = "bootstrap-3"
-task = "recall"
-steps = 100
-segment_len = 64
-segments = [1]
-needle = "end"
-needle_segment = "first"
-tail = 8
-digits = 3
-warmup = 10
-min_lr_ratio = 0.5
-
-[[stage]]
-name = "bootstrap-7"
-task = "recall"
-steps = 100
-segment_len = 64
-segments = [1]
-needle = "end"
-needle_segment = "first"
-tail = 8
-warmup = 10
-min_lr_ratio = 0.3
-
+{bootstrap}
 [[stage]]
 name = "position"
 task = "recall"
@@ -99,12 +62,31 @@ lr = 5e-4
 {stochastic}"""
 
 
+# The bootstrap stages (the needle at the end of one 64-token segment), 1 -> 3 -> 7 digits:
+# (digits, warmup, min_lr_ratio), as in configs/train/smollm2-135m.toml.
+BOOTSTRAP = ((1, 20, 0.5), (3, 10, 0.5), (7, 10, 0.3))
+
+
+def bootstrap_stages() -> str:
+    return "\n".join(
+        f'[[stage]]\nname = "bootstrap-{digits}"\ntask = "recall"\nsteps = 100\nsegment_len = 64\n'
+        f'segments = [1]\nneedle = "end"\nneedle_segment = "first"\ntail = 8\ndigits = {digits}\n'
+        f"warmup = {warmup}\nmin_lr_ratio = {ratio}\n"
+        for digits, warmup, ratio in BOOTSTRAP
+    )
+
+
 def variants() -> dict[str, str]:
     def config(extra: str = "", segment_len: int = 128, segments: int = 2, stochastic: str = "") -> str:
         scale = 128 // segment_len  # evaluate at the same document lengths: 2x and 8x L
         eval_at = f"{4 * scale}, {16 * scale}"
         return HEADER.format(
-            extra=extra, segment_len=segment_len, segments=segments, stochastic=stochastic, eval_at=eval_at
+            extra=extra,
+            bootstrap=bootstrap_stages(),
+            segment_len=segment_len,
+            segments=segments,
+            stochastic=stochastic,
+            eval_at=eval_at,
         )
 
     out = {
