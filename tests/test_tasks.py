@@ -1,6 +1,7 @@
 """Task generators and scoring, on real text (the system's license texts, real Python source) and
 the real SmolLM2 tokenizer (read from its GGUF file: no weights are loaded)."""
 
+import ast
 import json
 import re
 import sysconfig
@@ -10,6 +11,7 @@ import pytest
 
 from edgemem.data import tasks
 from edgemem.data.tasks import Builder, gives_type_away, normalize_type
+from edgemem.errors import EdgememError
 from edgemem.models import load_tokenizer
 from edgemem.scoring import score, type_answer
 
@@ -138,6 +140,47 @@ def test_stdlib_parameters_are_labelled_from_their_stub(builder):
     assert found[("split", "comments")] == "bool"
     assert found[("split", "s")] == "str | None"
     assert ("shlex.push_token", "tok") in found
+
+
+def test_annotations_are_read_exactly_as_ast_reads_them_on_awkward_files():
+    # non-ASCII before the annotation (ast's columns are UTF-8 bytes), CRLF, a lone CR and a form
+    # feed (which ends a line for str.splitlines but not for ast)
+    text = (
+        "import typing\r\n\x0c\n"
+        "def f(\u00e9l\u00e8ve: typing.Optional[int], limit: dict[str, float] = None) -> None:\r"
+        "    pass\n"
+        "class K:\n    def g(self, when: 'datetime.date', *, depth: int | None) -> None: ...\n"
+    )
+    tree = ast.parse(text)
+    want = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.arg) and node.annotation is not None:
+            want[node.arg] = ast.get_source_segment(text, node.annotation)
+    found = {c["param"]: c["type"] for c in tasks.annotated_params(text, "m.py", "sqlalchemy")}
+    assert found and found == {k: v for k, v in want.items() if k in found}
+    assert set(found) == {"\u00e9l\u00e8ve", "limit", "when", "depth"}
+
+
+def test_a_train_split_builder_reads_only_train_documents_with_other_seeds(tmp_path):
+    docs = sorted(p for p in LICENSES.iterdir() if p.is_file() and p.stat().st_size > 5000)
+    with open(tmp_path / "linux-doc.jsonl", "w") as handle:
+        for k, p in enumerate(docs):
+            # every paragraph names its document, so a haystack shows where its text came from
+            text = p.read_text(errors="replace").replace("\n\n", f"\n\nzq{k}x ")
+            split = "test" if k % 2 else "train"
+            row = {"name": p.name, "kind": "prose", "split": split, "sha256": "-", "text": text}
+            handle.write(json.dumps(row) + "\n")
+    test = Builder(load_tokenizer(), tmp_path, prose=("linux-doc",), code=())
+    train = Builder(load_tokenizer(), tmp_path, prose=("linux-doc",), code=(), split="train")
+    for index in range(3):
+        a, b = test.item("niah", 1024, index, 3), train.item("niah", 1024, index, 3)
+        assert a.answers != b.answers  # another seed: another key and number
+        assert {int(k) % 2 for k in re.findall(r"zq(\d+)x", a.context)} == {1}
+        assert {int(k) % 2 for k in re.findall(r"zq(\d+)x", b.context)} == {0}
+    starts = {train.item("vt", 1024, index, 3).context[:200] for index in range(3)}
+    assert len(starts) == 3  # each training item's haystack starts at its own place
+    with pytest.raises(EdgememError):
+        Builder(load_tokenizer(), tmp_path, split="dev")
 
 
 def test_names_that_give_the_type_away_are_dropped():
