@@ -15,7 +15,13 @@ last 10% of the stage's steps). Tasks:
   written into memory; the question and the answer prefix come in the read-only answer segment
   after the document's tail, exactly as `edgemem ask` and the `niah` evaluation build it; loss on
   the answer only.
+- `vt`, `docqa`, `types`: the evaluation's other tasks (`edgemem.data.tasks`), drawn from the
+  train split: the item's context is cut into the written segments and its tail, the question
+  and answer prefix follow as in the evaluation, loss on the gold answer.
+- `mix`: each item of a batch draws one of the stage's `mix` tasks (recall, vt, docqa, types).
 - `tokens`: a synthetic key/value recall over raw token ids, for tiny models in tests.
+
+A run may start from another run's adapter (`init`): a later recipe continues an earlier one.
 
 What a step samples is a pure function of (seed, step): a resumed run sees the same batches, and
 every DDP rank builds the same global batch and takes its share.
@@ -40,13 +46,32 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save
 from torch import Tensor
 
-from edgemem.armt import ARMT, ARMTConfig, MemoryState, prompt_ids, save_adapter, stop_token_ids
-from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX, NIAH_QUESTION, random_key, random_number
+from edgemem.armt import (
+    ARMT,
+    ARMTConfig,
+    MemoryState,
+    prompt_ids,
+    read_adapter,
+    save_adapter,
+    stop_token_ids,
+)
+from edgemem.data.tasks import (
+    NIAH_NEEDLE,
+    NIAH_PREFIX,
+    NIAH_QUESTION,
+    PROSE,
+    Builder,
+    Item,
+    random_key,
+    random_number,
+)
 from edgemem.errors import EdgememError
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
-TASKS = ("lm", "recall", "tokens")
+TASKS = ("lm", "recall", "vt", "docqa", "types", "mix", "tokens")
+ITEM_TASKS = ("vt", "docqa", "types")  # built by the evaluation's generators on the train split
+MIX_TASKS = ("recall", *ITEM_TASKS)
 FINAL_FRACTION = 0.1  # the last 10% of a stage's steps use its long segment length only
 
 
@@ -65,6 +90,7 @@ class Stage:
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
+    mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
     """
 
     name: str
@@ -85,12 +111,15 @@ class Stage:
     p_short: float = 0.5
     bptt: int = 0
     checkpointing: bool = False
+    mix: tuple[str, ...] = MIX_TASKS
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise EdgememError(f"stage {self.name!r}: unknown task {self.task!r} (choose from {TASKS})")
         if self.steps < 0 or self.segment_len < 1 or not self.segments or min(self.segments) < 1:
             raise EdgememError(f"stage {self.name!r}: steps, segment_len and segments must be positive")
+        if not self.mix or any(t not in MIX_TASKS for t in self.mix):
+            raise EdgememError(f"stage {self.name!r}: mix draws from {', '.join(MIX_TASKS)}")
         if self.task == "lm" and min(self.segments) < 2:
             raise EdgememError(f"stage {self.name!r}: the lm task needs at least 2 segments")
         if self.needle not in ("end", "random") or self.needle_segment not in ("first", "last", "any"):
@@ -126,6 +155,7 @@ class TrainConfig:
     eval_segments: tuple[int, ...] = (1, 2, 4, 8)
     corpora: tuple[str, ...] = ("linux-doc", "python-doc", "gnu-manuals")
     corpus_tokens: int = 2_000_000  # how much of the train split to tokenize for the haystacks
+    init: str = ""  # an adapter (.safetensors) whose weights start the run; "" : fresh memory
 
     def __post_init__(self) -> None:
         if self.backbone not in ("frozen", "lora", "full"):
@@ -168,6 +198,8 @@ class TrainConfig:
                 raise EdgememError(f"unknown stage option(s): {', '.join(bad)}")
             entry = dict(entry)
             entry["segments"] = tuple(entry.get("segments", (1,)))
+            if "mix" in entry:
+                entry["mix"] = tuple(entry["mix"])
             try:
                 stages.append(Stage(**entry))
             except TypeError as exc:
@@ -297,16 +329,29 @@ def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
     return rng.randrange(segments)
 
 
+def answer_text(item: Item) -> tuple[str, bool]:
+    """What the assistant says after an item's answer prefix, and whether its turn ends there."""
+    if item.task == "vt":
+        return " " + " ".join(item.answers), True  # RULER's form: "... they are: A B C D E"
+    if item.task == "types":
+        return item.answers[0] + "`", True  # the prefix opened the backtick
+    if item.task == "docqa":
+        return " " + item.answers[0], False  # the quoted sentence goes on after its next word
+    return " " + item.answers[0] + ".", True
+
+
 class ProseTasks:
     """Batches from real prose (a token stream of the corpora's train or validation split).
 
     `recall` items are built like the evaluation's `niah` items: the same needle sentence,
-    question, chat template and answer prefix.
+    question, chat template and answer prefix. `vt`, `docqa` and `types` items come from the
+    evaluation's generators (`builder`, on the same split).
     """
 
-    def __init__(self, tokenizer: object, stream: Tensor) -> None:
+    def __init__(self, tokenizer: object, stream: Tensor, builder: Builder | None = None) -> None:
         self.tokenizer = tokenizer
         self.stream = stream
+        self.builder = builder
         stops = sorted(stop_token_ids(tokenizer))
         self.end_id = stops[0] if stops else None
         im_end = tokenizer.get_vocab().get("<|im_end|>")  # type: ignore[attr-defined]
@@ -328,7 +373,11 @@ class ProseTasks:
             return Batch(torch.tensor(rows), empty, empty.clone(), S)
         written, answers, targets = [], [], []
         for _ in range(stage.batch_size):
-            doc, prompt, answer = self.recall_item(rng, stage, S, segments)
+            kind = rng.choice(stage.mix) if task == "mix" else task
+            if kind == "recall":
+                doc, prompt, answer = self.recall_item(rng, stage, S, segments)
+            else:
+                doc, prompt, answer = self.task_item(kind, rng, stage, S, segments)
             written.append(doc[: S * segments])
             answers.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer + [-100])
@@ -354,6 +403,31 @@ class ProseTasks:
         )
         answer = self._ids(" " + values[0] + ".") + ([self.end_id] if self.end_id is not None else [])
         return doc, prompt, answer
+
+    def task_item(
+        self, kind: str, rng: random.Random, stage: Stage, S: int, segments: int
+    ) -> tuple[list[int], list[int], list[int]]:
+        """A vt/docqa/types item of the evaluation's generator, its context cut into `segments`
+        written segments of S tokens and a tail of 1..tail tokens (or so: the question's length
+        varies): (document ids, answer-segment prompt, answer ids)."""
+        if self.builder is None:
+            raise EdgememError(f"the {kind} task needs the corpora's documents (a Builder)")
+        tail = rng.randint(1, stage.tail or S)
+        for _ in range(20):  # a generator may not fit a short bin (a types file too long for it)
+            index = rng.randrange(10**9)
+            try:
+                item = self.builder.item(kind, S * segments + tail + 64, index, 10**9)
+            except EdgememError:
+                continue
+            doc = self._ids(item.context)
+            if len(doc) <= S * segments:
+                continue
+            prompt = prompt_ids(self.tokenizer, doc[S * segments :], item.question)
+            prompt += self._ids(item.answer_prefix)
+            text, ends = answer_text(item)
+            answer = self._ids(text) + ([self.end_id] if ends and self.end_id is not None else [])
+            return doc, prompt, answer
+        raise EdgememError(f"could not build a {kind} item of {segments} x {S} tokens from the corpora")
 
 
 def prose_stream(tokenizer: object, corpora: tuple[str, ...], split: str, limit: int) -> Tensor:
@@ -717,7 +791,8 @@ def _append(path: Path, record: dict) -> None:
 
 def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
     """The model to train: a frozen base with fresh memory (and fresh LoRA matrices with
-    backbone = "lora"); only the adapter's parameters train, or everything with "full"."""
+    backbone = "lora"), or the weights of the `init` adapter; only the adapter's parameters
+    train, or everything with "full"."""
     layers = base.config.num_hidden_layers
     overrides: dict[str, object] = {
         "segment_len": config.stages[-1].segment_len,
@@ -731,6 +806,13 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
     if config.backbone == "lora":
         overrides.update(lora_rank=config.lora_rank, lora_alpha=config.lora_alpha)
     armt = ARMT(base, ARMTConfig.for_model(layers, **overrides), seed=config.seed)
+    if config.init:
+        init_config, tensors = read_adapter(Path(config.init))
+        if replace(init_config, segment_len=armt.config.segment_len) != armt.config:
+            raise EdgememError(
+                f"init adapter {config.init} has another memory (layers, size, LoRA) than this config's"
+            )
+        armt.load_adapter_tensors(tensors)
     for p in armt.parameters():  # the adapter sits inside the base's layers: freeze all, then thaw
         p.requires_grad_(config.backbone == "full")
     for p in armt.adapter_parameters():
@@ -783,7 +865,9 @@ def run_config(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     loaded = load_model(config.model, dtype=torch.float32)
     armt = build_armt(loaded.model, config).to(device)
-    tasks = ProseTasks(loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "train"))
+    stream = cached_stream(loaded.tokenizer, loaded.model_id, config, "train")
+    prose = tuple(c for c in config.corpora if c in PROSE)
+    tasks = ProseTasks(loaded.tokenizer, stream, Builder(loaded.tokenizer, prose=prose, split="train"))
     held_out = ProseTasks(
         loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "validation")
     )

@@ -190,6 +190,73 @@ def test_curriculum_and_stochastic_segment_length_schedules():
     assert learning_rate(stage, 1000) < learning_rate(stage, 500) < 1e-3
 
 
+@pytest.fixture(scope="module")
+def train_split_tasks(prose_tasks, tmp_path_factory):
+    """ProseTasks with a Builder on a train split of real text and real typed Python."""
+    from edgemem.data.tasks import Builder
+
+    root = tmp_path_factory.mktemp("corpora")
+    licenses = sorted(p for p in Path("/usr/share/common-licenses").glob("*") if p.is_file())
+    code = sorted((REPO / "edgemem").glob("*.py"))
+    for source, rows in (
+        ("linux-doc", [(p.name, "prose", p.read_text(errors="replace")) for p in licenses]),
+        ("sqlalchemy", [(f"edgemem/{p.name}", "code", p.read_text()) for p in code]),
+    ):
+        with open(root / f"{source}.jsonl", "w") as handle:
+            for name, kind, text in rows:
+                row = {"name": name, "kind": kind, "split": "train", "sha256": "-", "text": text}
+                handle.write(json.dumps(row) + "\n")
+    builder = Builder(prose_tasks.tokenizer, root, ("linux-doc",), ("sqlalchemy",), split="train")
+    return ProseTasks(prose_tasks.tokenizer, prose_tasks.stream, builder)
+
+
+def test_vt_docqa_and_types_items_train_on_the_evaluations_generators(train_split_tasks):
+    """The other tasks of the evaluation train too: the generator's context fills the written
+    segments and a tail, the answer segment asks its question, and the loss sits on its gold."""
+    import re
+
+    tok = train_split_tasks.tokenizer
+    end = train_split_tasks.end_id
+    S, n = 128, 4
+    for kind in ("vt", "docqa", "types"):
+        stage = Stage(name=kind, task=kind, steps=1, segment_len=S, segments=(n,), tail=16)
+        doc, prompt, answer = train_split_tasks.task_item(kind, step_rng(0, 0, kind), stage, S, n)
+        assert len(doc) > S * n
+        text, said = tok.decode(doc), tok.decode(answer, skip_special_tokens=True)
+        asked = tok.decode(prompt)
+        if kind == "vt":
+            names = said.split()
+            assert len(names) == 5 and all(f"VAR {v} = " in text for v in names)
+            assert asked.rstrip().endswith("they are:") and answer[-1] == end
+        elif kind == "docqa":
+            word = said.strip()
+            assert len(re.findall(rf"\b{word}\b", text, re.I)) == 1 and answer[-1] != end
+            assert "Quote the text above" in asked
+        else:
+            assert said.endswith("`") and answer[-1] == end
+            param = re.search(r"parameter `(\w+)`", asked).group(1)
+            assert re.search(rf"\b{param}\b", text)
+    mix = Stage(name="m", task="mix", steps=1, segment_len=S, segments=(n,), batch_size=8)
+    batch = train_split_tasks.batch("mix", step_rng(0, 0, "mix"), mix, S, n)
+    assert batch.written.shape == (8, S * n)
+    assert all(bool((row != -100).any()) for row in batch.targets)
+    with pytest.raises(EdgememError, match="mix"):
+        Stage(name="m", task="mix", steps=1, segment_len=S, mix=("recall", "lm"))
+
+
+def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
+    """`init` continues an earlier run with a later recipe: the fresh run starts from its adapter;
+    an adapter of another memory is refused."""
+    first = tiny_config(steps=3, backbone="lora")
+    run = tiny_run(first, tmp_path / "a")
+    train(first, run)
+    follow = replace(tiny_config(steps=3, backbone="lora"), init=str(tmp_path / "a" / "adapter.safetensors"))
+    assert build_armt(tiny_llama(), follow).adapter_hash() == run.armt.adapter_hash()
+    other = replace(follow, d_mem=8)
+    with pytest.raises(EdgememError, match="another memory"):
+        build_armt(tiny_llama(), other)
+
+
 def test_adapter_file_round_trips(tmp_path):
     """The run's adapter loads into a fresh model with the same hash and says how it was trained."""
     config = tiny_config(steps=3, backbone="frozen")
@@ -283,6 +350,11 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert config.backbone == "lora" and config.norm_inputs
     assert [s.segment_len for s in config.stages][-1] == 128
     assert [s.digits for s in config.stages if s.task == "recall"][:3] == [1, 3, 7]  # growing numbers
+    tasks = load_config(SHIPPED_CONFIG.with_name("smollm2-135m-tasks.toml"))
+    assert set(tasks.stages[0].mix) == {"recall", "vt", "docqa", "types"}
+    assert (REPO / tasks.init).is_file()  # it continues from the shipped adapter
+    same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
+    assert all(getattr(tasks, k) == getattr(config, k) for k in same)
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
