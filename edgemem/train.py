@@ -865,6 +865,11 @@ def run_config(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     loaded = load_model(config.model, dtype=torch.float32)
     armt = build_armt(loaded.model, config).to(device)
+    init_meta = {}
+    if config.init:  # which file the run started from, whatever its path holds later
+        from edgemem.export.bundle import sha256_file
+
+        init_meta["init_sha256"] = sha256_file(Path(config.init))
     stream = cached_stream(loaded.tokenizer, loaded.model_id, config, "train")
     prose = tuple(c for c in config.corpora if c in PROSE)
     tasks = ProseTasks(loaded.tokenizer, stream, Builder(loaded.tokenizer, prose=prose, split="train"))
@@ -879,7 +884,7 @@ def run_config(
         log=log if rank == 0 else (lambda _: None),
         rank=rank,
         world=world,
-        extra_meta={"model_id": loaded.model_id},
+        extra_meta={"model_id": loaded.model_id, **init_meta},
     )
     try:
         return train(config, run, max_steps)

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Projected wall time of a 100-item-per-bin niah sweep to 32k, per method, from the measured
 seconds per item in docs/eval (100 x mean seconds per item, summed over the 1k-32k bins).
-armt lines are labelled by adapter as in the results table (`armt`, `armt-untrained`)."""
+armt lines are labelled by adapter as in the results table (`armt`, `armt-untrained`).
+
+    python scripts/project_niah_sweep.py            # projections from docs/eval
+    python scripts/project_niah_sweep.py --floor    # and the compute floor of this CPU
+"""
 
 import collections
 from pathlib import Path
@@ -16,3 +20,40 @@ for method in sorted({m for m, _ in seconds}):
     bins = sorted(length for m, length in seconds if m == method)
     total = sum(100 * sum(seconds[(method, n)]) / len(seconds[(method, n)]) for n in bins)
     print(f"{method:15s} bins {len(bins)} -> {total / 3600:.1f} h for 100 items/bin")
+
+
+def compute_floor() -> None:
+    """The least time the armt sweep could take on this CPU: every token of every item through the
+    model's non-embedding weights (2 FLOPs per weight per token, write tokens included), at the
+    fp32 matmul rate torch reaches here on large square matrices (a rate no real step reaches)."""
+    import time
+
+    import torch
+
+    from edgemem.armt import read_adapter
+    from edgemem.assistant import shipped_adapter
+    from edgemem.models import load_model
+
+    model = load_model("smollm2-135m-instruct", dtype=torch.float32).model
+    embedding = model.get_input_embeddings().weight.numel()
+    weights = sum(p.numel() for p in model.parameters()) - embedding  # tied head: counted once
+    memory, _ = read_adapter(shipped_adapter("smollm2-135m-instruct"))
+    per_token = 2 * weights * (memory.segment_len + memory.num_write_tokens) / memory.segment_len
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    torch.mm(a, b)
+    best = 0.0
+    for _ in range(5):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = max(best, 2 * 2048**3 / (time.perf_counter() - start))
+    tokens = 100 * sum(2**k * 1024 for k in range(6))  # 100 items per bin, 1k..32k
+    print(
+        f"{torch.get_num_threads()} threads: fp32 matmul {best / 1e9:.0f} GFLOP/s; "
+        f"{weights / 1e6:.0f} M non-embedding weights -> {per_token / 1e9:.2f} GFLOP per token; "
+        f"{tokens / 1e6:.1f} M tokens -> at least {tokens * per_token / best / 3600:.1f} h "
+        f"(needs {tokens * per_token / 3600 / 1e9:.0f} GFLOP/s for 1 h)"
+    )
+
+
+if __name__ == "__main__" and "--floor" in __import__("sys").argv:
+    compute_floor()

@@ -41,8 +41,9 @@ def stage_rows(train_config: dict) -> list[str]:
     ]
     for s in train_config["stages"]:
         needle = "-" if s["task"] == "lm" else f"{s['needle']} in {s['needle_segment']} segment"
+        task = f"mix of {', '.join(s['mix'])}" if s["task"] == "mix" else s["task"]
         rows.append(
-            f"| {s['name']} | {s['task']} | {s['steps']} | {s['segment_len']} | "
+            f"| {s['name']} | {task} | {s['steps']} | {s['segment_len']} | "
             f"{', '.join(map(str, s['segments']))} | {needle} | {s['digits']} | {s['keys']} | {s['lr']:g} |"
         )
     return rows
@@ -164,6 +165,14 @@ def main() -> None:
         f"LoRA r={config.lora_rank} on every projection), stored as float16 ({size:.1f} MB).",
         f"- Adapter hash (the key of every stored state made with it): `{adapter_hash[:16]}`; "
         f"file id in evaluation lines: `{file_id}`.",
+        *(
+            [
+                f"- Started from the adapter `{train_config['init']}` (sha256 "
+                f"`{meta.get('init_sha256', '?')[:16]}`), trained by an earlier recipe."
+            ]
+            if train_config.get("init")
+            else []
+        ),
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
         f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, float32, "
