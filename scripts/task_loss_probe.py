@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgemem.armt import ARMT, read_adapter  # noqa: E402
-from edgemem.data.tasks import Builder  # noqa: E402
+from edgemem.data.tasks import PROSE, Builder  # noqa: E402
 from edgemem.models import load_model  # noqa: E402
-from edgemem.train import ProseTasks, Stage, forward_loss, step_rng  # noqa: E402
+from edgemem.train import ProseTasks, Stage, forward_loss, prose_stream, step_rng  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--segments", type=int, default=2)
     ap.add_argument("--items", type=int, default=4)
-    ap.add_argument("--tasks", default="vt,docqa,types")
+    ap.add_argument("--tasks", default="recall,vt,docqa,types")
     args = ap.parse_args()
 
     loaded = load_model(args.model, dtype=torch.float32)
@@ -41,14 +41,13 @@ def main() -> None:
     armt = ARMT(loaded.model, config)
     armt.eval()
     S = config.segment_len
-    tasks = ProseTasks(
-        loaded.tokenizer, torch.zeros(0, dtype=torch.int32), Builder(loaded.tokenizer, split="validation")
-    )
+    stream = prose_stream(loaded.tokenizer, PROSE, "validation", 200_000)  # recall's haystacks
+    tasks = ProseTasks(loaded.tokenizer, stream, Builder(loaded.tokenizer, split="validation"))
     print(f"{args.items} items per task, {args.segments} written segments of {S} tokens")
     print("| task | adapter | LoRA off | LoRA and memory off |")
     print("|---|---|---|---|")
     for kind in args.tasks.split(","):
-        stage = Stage(kind, kind, 1, S, (args.segments,), tail=32, batch_size=args.items)
+        stage = Stage(kind, kind, 1, S, (args.segments,), tail=32, keys=1, batch_size=args.items)
         batch = tasks.batch(kind, step_rng(5, 0, kind), stage, S, args.segments)
         losses = []
         armt.load_adapter_tensors(tensors)
