@@ -8,6 +8,7 @@ armt lines are labelled by adapter as in the results table (`armt`, `armt-untrai
 """
 
 import collections
+import sys
 from pathlib import Path
 
 from edgemem.evaluate import load_records
@@ -55,5 +56,5 @@ def compute_floor() -> None:
     )
 
 
-if __name__ == "__main__" and "--floor" in __import__("sys").argv:
+if __name__ == "__main__" and "--floor" in sys.argv:
     compute_floor()
