@@ -92,7 +92,8 @@ def _done_ids(path: Path, adapter: str | None = None) -> set[str]:
     return done
 
 
-def _peak_rss_mb() -> float:
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
@@ -178,7 +179,7 @@ def run(
                     "tokens": item.tokens,
                     "computed_tokens": pred.processed_tokens,
                     "seconds": round(seconds, 3),
-                    "peak_rss_mb": round(_peak_rss_mb(), 1),
+                    "peak_rss_mb": round(peak_rss_mb(), 1),
                     "memory_mb": round(pred.memory_bytes / 2**20, 2),
                     "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
                     "depth": item.meta.get("depth"),

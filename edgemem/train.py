@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save
 from torch import Tensor
 
@@ -66,6 +67,7 @@ from edgemem.data.tasks import (
     random_number,
 )
 from edgemem.errors import EdgememError
+from edgemem.evaluate import peak_rss_mb
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
@@ -330,14 +332,13 @@ def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
 
 
 def answer_text(item: Item) -> tuple[str, bool]:
-    """What the assistant says after an item's answer prefix, and whether its turn ends there."""
+    """What the assistant says after a vt/docqa/types item's answer prefix, and whether its turn
+    ends there (recall items build their own answer: `ProseTasks.recall_item`)."""
     if item.task == "vt":
         return " " + " ".join(item.answers), True  # RULER's form: "... they are: A B C D E"
-    if item.task == "types":
-        return item.answers[0] + "`", True  # the prefix opened the backtick
     if item.task == "docqa":
         return " " + item.answers[0], False  # the quoted sentence goes on after its next word
-    return " " + item.answers[0] + ".", True
+    return item.answers[0] + "`", True  # types: the prefix opened the backtick
 
 
 class ProseTasks:
@@ -679,6 +680,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
     log_path = out / "log.jsonl"
     if run.rank == 0 and log_path.is_file():
         _truncate_log(log_path, step)
+    adapter_meta = {**run.extra_meta, **_init_meta(config, out, resumed=step > 0)}
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
     while step < stop_at:
         stage, local = config.stage_at(step)
@@ -724,6 +726,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
             "tokens": tokens,
             "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 1),
+            "peak_rss_mb": round(peak_rss_mb()),
         }
         if "exact" in stats:
             record["exact"] = stats["exact"]
@@ -733,7 +736,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
         if run.rank == 0 and (step % config.checkpoint_every == 0 or last):
             save_checkpoint(ckpt, armt, optimizer, step, config.to_json())
             if config.backbone != "full":  # a fully trained backbone is not an adapter
-                meta = {"train_steps": str(step), "train_config": config.to_json(), **run.extra_meta}
+                meta = {"train_steps": str(step), "train_config": config.to_json(), **adapter_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
         if (
             run.rank == 0
@@ -757,6 +760,21 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
                 f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s"
             )
     return step
+
+
+def _init_meta(config: TrainConfig, out: Path, resumed: bool) -> dict[str, str]:
+    """The sha256 of the `init` adapter the run started from. A resumed run keeps the one its own
+    adapter recorded: the file at `config.init` may have been replaced since."""
+    if not config.init:
+        return {}
+    own = out / "adapter.safetensors"
+    if resumed and own.is_file():
+        with safe_open(str(own), framework="pt") as handle:
+            if recorded := (handle.metadata() or {}).get("init_sha256"):
+                return {"init_sha256": recorded}
+    from edgemem.export.bundle import sha256_file
+
+    return {"init_sha256": sha256_file(Path(config.init))}
 
 
 def _autocast(armt: ARMT, enabled: bool) -> contextlib.AbstractContextManager:
@@ -865,11 +883,6 @@ def run_config(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     loaded = load_model(config.model, dtype=torch.float32)
     armt = build_armt(loaded.model, config).to(device)
-    init_meta = {}
-    if config.init:  # which file the run started from, whatever its path holds later
-        from edgemem.export.bundle import sha256_file
-
-        init_meta["init_sha256"] = sha256_file(Path(config.init))
     stream = cached_stream(loaded.tokenizer, loaded.model_id, config, "train")
     prose = tuple(c for c in config.corpora if c in PROSE)
     tasks = ProseTasks(loaded.tokenizer, stream, Builder(loaded.tokenizer, prose=prose, split="train"))
@@ -884,7 +897,7 @@ def run_config(
         log=log if rank == 0 else (lambda _: None),
         rank=rank,
         world=world,
-        extra_meta={"model_id": loaded.model_id, **init_meta},
+        extra_meta={"model_id": loaded.model_id},
     )
     try:
         return train(config, run, max_steps)

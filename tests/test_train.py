@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 from tiny import VOCAB, tiny_llama
 
 from edgemem.armt import ARMT, read_adapter, save_adapter
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
+from edgemem.export.bundle import sha256_file
 from edgemem.train import (
     FINAL_FRACTION,
     ProseTasks,
@@ -252,6 +254,12 @@ def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
     train(first, run)
     follow = replace(tiny_config(steps=3, backbone="lora"), init=str(tmp_path / "a" / "adapter.safetensors"))
     assert build_armt(tiny_llama(), follow).adapter_hash() == run.armt.adapter_hash()
+    train(follow, tiny_run(follow, tmp_path / "b"), max_steps=1)
+    started_from = sha256_file(Path(follow.init))
+    save_adapter(run.armt, Path(follow.init), {"replaced": "later"})  # the file changes after the start
+    train(follow, tiny_run(follow, tmp_path / "b"))  # a resume keeps the hash it started with
+    with safe_open(str(tmp_path / "b" / "adapter.safetensors"), framework="pt") as handle:
+        assert handle.metadata()["init_sha256"] == started_from != sha256_file(Path(follow.init))
     other = replace(follow, d_mem=8)
     with pytest.raises(EdgememError, match="another memory"):
         build_armt(tiny_llama(), other)
