@@ -408,11 +408,7 @@ class ARMT(nn.Module):
 
     def adapter_hash(self) -> str:
         """sha256 of the memory parameters and config: part of every stored state's key."""
-        digest = hashlib.sha256(self.config.to_json().encode())
-        for name, tensor in sorted(self.adapter_tensors().items()):
-            digest.update(name.encode())
-            digest.update(tensor.float().numpy().tobytes())
-        return digest.hexdigest()
+        return adapter_hash(self.config, self.adapter_tensors())
 
     def is_trained(self) -> bool:
         """An untrained memory has W_V == 0 everywhere and therefore always reads zeros (and an
@@ -420,6 +416,16 @@ class ARMT(nn.Module):
         return any(bool(m.W_V.weight.abs().sum() > 0) for m in self.memories.values()) or any(
             bool(m.B.abs().sum() > 0) for m in self.lora.values()
         )
+
+
+def adapter_hash(config: ARMTConfig, tensors: dict[str, Tensor]) -> str:
+    """sha256 of a memory config and its adapter tensors (as float32), without a base model:
+    equal to `ARMT.adapter_hash()` of a model that loaded them."""
+    digest = hashlib.sha256(config.to_json().encode())
+    for name, tensor in sorted(tensors.items()):
+        digest.update(name.encode())
+        digest.update(tensor.float().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def save_adapter(armt: ARMT, path: Path, metadata: dict[str, str] | None = None) -> None:

