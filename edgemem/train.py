@@ -637,13 +637,14 @@ OPERATIONAL = (
     "eval_every",
     "eval_items",
     "eval_segments",
+    "init",  # only seeds step 0: a resume loads the checkpoint, and the adapter pins the init's sha256
 )
 
 
 def _defining(config_json: str) -> dict:
     """The part of a config that defines the training itself: a run may resume with other
-    threads or another checkpoint/evaluation cadence. Options added to edgemem since the run
-    started take their defaults."""
+    threads, another checkpoint/evaluation cadence or its init adapter moved elsewhere. Options
+    added to edgemem since the run started take their defaults."""
     data = json.loads(TrainConfig.from_dict(json.loads(config_json)).to_json())
     return {k: v for k, v in data.items() if k not in OPERATIONAL}
 

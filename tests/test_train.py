@@ -247,7 +247,8 @@ def test_vt_docqa_and_types_items_train_on_the_evaluations_generators(train_spli
 
 
 def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
-    """`init` continues an earlier run with a later recipe: the fresh run starts from its adapter;
+    """`init` continues an earlier run with a later recipe: the fresh run starts from its adapter,
+    a resume may find the init file moved or replaced and keeps the hash the run started from;
     an adapter of another memory is refused."""
     first = tiny_config(steps=3, backbone="lora")
     run = tiny_run(first, tmp_path / "a")
@@ -256,6 +257,9 @@ def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
     assert build_armt(tiny_llama(), follow).adapter_hash() == run.armt.adapter_hash()
     train(follow, tiny_run(follow, tmp_path / "b"), max_steps=1)
     started_from = sha256_file(Path(follow.init))
+    moved = replace(follow, init=str(tmp_path / "kept.safetensors"))  # the run's init, kept elsewhere
+    Path(moved.init).write_bytes(Path(follow.init).read_bytes())
+    train(moved, tiny_run(moved, tmp_path / "b"), max_steps=1)
     save_adapter(run.armt, Path(follow.init), {"replaced": "later"})  # the file changes after the start
     train(follow, tiny_run(follow, tmp_path / "b"))  # a resume keeps the hash it started with
     with safe_open(str(tmp_path / "b" / "adapter.safetensors"), framework="pt") as handle:
@@ -407,7 +411,8 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert [s.digits for s in config.stages if s.task == "recall"][:3] == [1, 3, 7]  # growing numbers
     tasks = load_config(SHIPPED_CONFIG.with_name("smollm2-135m-tasks.toml"))
     assert set(tasks.stages[0].mix) == {"recall", "vt", "docqa", "types"}
-    assert (REPO / tasks.init).is_file()  # it continues from the shipped adapter
+    # it continues from the recall adapter, kept outside edgemem/adapters/ where a later ship replaces it
+    assert tasks.init and not (REPO / tasks.init).resolve().is_relative_to(REPO / "edgemem" / "adapters")
     same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
     assert all(getattr(tasks, k) == getattr(config, k) for k in same)
     bad = tmp_path / "bad.toml"
