@@ -108,6 +108,11 @@ class LlamaGenerator:
 
     def generate(self, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> tuple[list[int], int]:
         """(generated ids, prompt tokens actually computed: the shared prefix is not)."""
+        if len(prompt) + max_new_tokens > self.n_ctx:
+            raise EdgememError(
+                f"a prompt of {len(prompt)} tokens plus {max_new_tokens} to generate does not fit "
+                f"llama.cpp's {self.n_ctx}-token context"
+            )
         cached = 0
         for a, b in zip(self.llm._input_ids, prompt, strict=False):
             if a != b:
@@ -161,6 +166,13 @@ class _Baseline:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids  # type: ignore[operator]
 
+    def room(self, item: Item, max_new_tokens: int) -> int:
+        """Context tokens that fit the window beside the chat template, the question and the answer."""
+        overhead = (
+            len(chat_prompt(self.tokenizer, [], item.question, item.answer_prefix)) + max_new_tokens + 32
+        )
+        return max(0, self.window - overhead)
+
     def run(self, context_ids: list[int], item: Item, max_new_tokens: int) -> Prediction:
         prompt = chat_prompt(self.tokenizer, context_ids, item.question, item.answer_prefix)
         out, computed = self.generator.generate(prompt, max_new_tokens, self.stop_ids)
@@ -174,18 +186,25 @@ class WindowMethod(_Baseline):
 
     def predict(self, item: Item, max_new_tokens: int) -> Prediction:
         ids = self.ids(item.context)
-        overhead = (
-            len(chat_prompt(self.tokenizer, [], item.question, item.answer_prefix)) + max_new_tokens + 32
-        )
-        keep = max(0, self.window - overhead)
+        keep = self.room(item, max_new_tokens)
         return self.run(ids[-keep:] if keep else [], item, max_new_tokens)
 
 
 class OracleMethod(_Baseline):
+    """The passage alone. A passage longer than the window (a `types` file at 16k+) is cut to the
+    window around its `focus` (the masked line: from half a window before it), else to its end."""
+
     name = "oracle"
 
     def predict(self, item: Item, max_new_tokens: int) -> Prediction:
-        return self.run(self.ids(item.passage), item, max_new_tokens)
+        ids = self.ids(item.passage)
+        keep = self.room(item, max_new_tokens)
+        if len(ids) > keep:
+            focus = item.meta.get("focus")
+            at = len(self.ids(item.passage[:focus])) if focus is not None else len(ids)
+            start = min(max(0, at - keep // 2), len(ids) - keep)
+            ids = ids[start : start + keep]
+        return self.run(ids, item, max_new_tokens)
 
 
 class Embedder:

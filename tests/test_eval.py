@@ -145,6 +145,40 @@ def test_kv_cache_size_of_smollm2_config():
     assert kv_bytes_per_token(Config()) == 23_040  # 30 layers x K,V x 3 heads x 64 x fp16
 
 
+def test_the_oracle_cuts_a_passage_longer_than_the_window_around_its_focus():
+    """A passage longer than the model's window (a types file at 16k+) is cut to fit, keeping its
+    focus (the masked line) when the item names one, else its end; a short one is kept whole."""
+    from types import SimpleNamespace
+
+    from edgemem.data.tasks import Item
+    from edgemem.methods import OracleMethod
+    from edgemem.models import load_tokenizer
+
+    class Recorder:  # the generator only records the prompt: what is tested is what the oracle shows
+        def __init__(self) -> None:
+            self.prompts: list[list[int]] = []
+
+        def generate(self, prompt, max_new_tokens, stop_ids):
+            self.prompts.append(prompt)
+            return [], len(prompt)
+
+    config = SimpleNamespace(num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    loaded = SimpleNamespace(tokenizer=load_tokenizer(), model=SimpleNamespace(config=config))
+    generator = Recorder()
+    oracle = OracleMethod(loaded, generator, window=400)
+    passage = "".join(f"row{i:04d} = {i}\n" for i in range(600))
+    focus = passage.index("row0300")
+    tokenizer = loaded.tokenizer
+    for meta, inside, outside in (({"focus": focus}, "row0300", "row0599"), ({}, "row0599", "row0300")):
+        oracle.predict(Item("types", 16384, 0, passage, "Which row?", ["x"], passage, "", 0, meta), 8)
+        prompt = generator.prompts[-1]
+        text = tokenizer.decode(prompt)
+        assert inside in text and outside not in text and len(prompt) + 8 <= 400
+    short = "row0001 = 1\n"
+    oracle.predict(Item("niah", 1024, 0, short, "Which row?", ["x"], short, "", 0, {}), 8)
+    assert short.strip() in tokenizer.decode(generator.prompts[-1])
+
+
 @pytest.mark.real_model
 def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     from test_tasks import LICENSES, _write

@@ -134,6 +134,17 @@ def test_types_item_masks_a_real_annotation(builder):
         assert not gives_type_away(param, item.answers[0])
 
 
+def test_types_items_say_where_the_masked_line_sits_in_their_passage(builder):
+    """meta["focus"] is the masked line's offset in the passage (also when the file was cut to a
+    window around it): the oracle keeps that line when the passage must be cut to fit."""
+    for length in (1024, 2048):
+        for index in range(3):
+            item = _one(builder, "types", length, index, 10)
+            param = re.search(r"parameter `(\w+)`", item.question).group(1)
+            line = item.passage[item.meta["focus"] :].splitlines()[0]
+            assert re.search(rf"\b{param}\b", line) and f": {item.answers[0]}" not in line, line
+
+
 def test_stdlib_parameters_are_labelled_from_their_stub(builder):
     stdlib = [c for c in builder._type_candidates() if c["source"] == "stdlib"]
     found = {(c["function"], c["param"]): c["type"] for c in stdlib}

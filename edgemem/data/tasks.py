@@ -333,23 +333,23 @@ class Builder:
         for _attempt in range(50):
             cand = candidates[rng.randrange(len(candidates))]
             file_text = masked(cand)
-            target_tokens = self.count(file_text)
-            if target_tokens > length * 0.9:  # a window of the file around the function
-                lines = file_text.splitlines(keepends=True)
-                line = cand["line"]
-                lo, hi = max(0, line - 40), min(len(lines), line + 20)
-                file_text = "".join(lines[lo:hi])
+            lines = file_text.splitlines(keepends=True)
+            focus = cand["line"]  # the masked line, counted in the lines of file_text
+            if self.count(file_text) > length * 0.9:  # a window of the file around the function
+                lo, hi = max(0, focus - 40), min(len(lines), focus + 20)
+                file_text, lines, focus = "".join(lines[lo:hi]), lines[lo:hi], focus - lo
                 if self.count(file_text) > length * 0.9:
                     continue
             depth = item_depth(index)
-            item = self._types_item(cand, file_text, length, index, depth, rng)
+            item = self._types_item(cand, file_text, sum(map(len, lines[:focus])), length, index, depth)
             if item is not None:
                 return item
         raise EdgememError(f"no types item fits {length} tokens")
 
     def _types_item(
-        self, cand: dict, file_text: str, length: int, index: int, depth: float, rng
+        self, cand: dict, file_text: str, focus: int, length: int, index: int, depth: float
     ) -> Item | None:
+        """`focus`: where the masked line starts in `file_text` (characters)."""
         others = [r for r in self.code()[cand["source"]] if r["name"] != cand["file"]]
         others.sort(key=lambda r: r["name"])
         header = f"# ===== {cand['file']} =====\n"
@@ -370,7 +370,12 @@ class Builder:
             context, tokens = self._fit(make, length)
         except EdgememError:
             return None
-        meta = {"depth": round(depth, 4), "file": cand["file"], "source": cand["source"]}
+        meta = {
+            "depth": round(depth, 4),
+            "file": cand["file"],
+            "source": cand["source"],
+            "focus": len(header) + focus,  # the masked line in the passage: an oracle that must cut keeps it
+        }
         prefix = "The type annotation is `"
         passage = target
         return Item("types", length, index, context, question, [cand["type"]], passage, prefix, tokens, meta)
