@@ -4,6 +4,7 @@
     python scripts/train_ablations.py configs          # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [NAME ...]   # train them one after another (resumable)
     python scripts/train_ablations.py table            # held-out recall at 2x and 8x the training length
+    python scripts/train_ablations.py cost [LOG]       # their step time, from a run's measured steps
 
 Every run shares one short recipe, the shipped one's learnable start (SmolLM2-135M-Instruct, LoRA
 r=16, the memory on the layer's input norm, every segment token writing; configs/train/
@@ -140,6 +141,44 @@ def table() -> None:
         print(f"| {name} | {last['step']} | {short[1]:.2f} | {long[1]:.2f} |")
 
 
+def cost(log: Path) -> None:
+    """Project each configuration's step time from a run's log: every step's (segment length,
+    segments), drawn as training draws it (`batch_shape`), costs the log's median seconds for that
+    shape. Shapes the log never ran are counted, not guessed. `layers-all` puts memory in 30 layers
+    instead of 6, so its projection is a lower bound."""
+    import statistics
+    import tomllib
+
+    from edgemem.train import TrainConfig, batch_shape
+
+    times: dict[tuple[int, int], list[float]] = {}
+    rss, tokens = [], 0
+    for line in log.read_text().splitlines():
+        rec = json.loads(line)
+        if "seconds" in rec:
+            times.setdefault((rec["segment_len"], rec["segments"]), []).append(rec["seconds"])
+            rss += [rec["peak_rss_mb"]] if "peak_rss_mb" in rec else []
+            tokens += rec.get("tokens", 0)
+    median = {shape: statistics.median(v) for shape, v in times.items()}
+    steps, seconds = sum(map(len, times.values())), sum(map(sum, times.values()))
+    print(f"the run: {steps} steps, {seconds / 3600:.2f} h of step time, {tokens:,} tokens")
+    if rss:
+        print(f"peak RSS of the run: {max(rss)} MB ({len(rss)} steps record it)")
+    print(f"median seconds per step in {log}:")
+    for (S, n), v in sorted(times.items()):
+        print(f"  {n} x {S} tokens: {median[S, n]:.1f} s ({len(v)} steps)")
+    total = 0.0
+    for name, text in variants().items():
+        config = TrainConfig.from_dict(tomllib.loads(text))
+        shapes = [batch_shape(config, step) for step in range(config.total_steps)]
+        seconds = sum(median.get(shape, 0.0) for shape in shapes)
+        missing = sum(shape not in median for shape in shapes)
+        total += seconds
+        note = f", {missing} steps of shapes the log never ran" if missing else ""
+        print(f"{name}: {config.total_steps} steps, {seconds / 3600:.1f} h{note}")
+    print(f"all: at least {total / 3600:.1f} h of step time")
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "table"
     if command == "configs":
@@ -149,5 +188,9 @@ if __name__ == "__main__":
         run(sys.argv[2:])
     elif command == "table":
         table()
+    elif command == "cost":
+        cost(
+            Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
+        )
     else:
         sys.exit(__doc__)

@@ -454,6 +454,34 @@ def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_the
     )
 
 
+def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
+    """`train_ablations.py cost`: 300 steps of 1 x 64, 200 of 1 x 128 and 300 of 2 x 128 at the
+    log's medians (1, 2 and 3 s); a shape the log never ran is counted, not priced."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ablations", REPO / "scripts" / "train_ablations.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    log = tmp_path / "log.jsonl"
+    shapes = [
+        (64, 1, 1.0),
+        (64, 1, 1.2),
+        (64, 1, 0.8),
+        (128, 1, 2.0),
+        (128, 2, 3.0),
+        (128, 2, 9.0),
+        (128, 2, 3.0),
+    ]
+    log.write_text(
+        "".join(json.dumps({"segment_len": S, "segments": n, "seconds": t}) + "\n" for S, n, t in shapes)
+    )
+    module.cost(log)
+    out = capsys.readouterr().out
+    hours = (300 * 1.0 + 200 * 2.0 + 300 * 3.0) / 3600
+    assert f"layers-spread: 800 steps, {hours:.1f} h\n" in out
+    assert "segment-fixed-64: 800 steps" in out and "300 steps of shapes the log never ran" in out
+
+
 def test_cli_train_errors_are_one_line(tmp_path):
     result = subprocess.run(
         [
