@@ -222,16 +222,24 @@ def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: st
     return out, digest
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("adapter", type=Path)
     ap.add_argument("--run", type=Path, required=True, help="the run folder (its log.jsonl)")
     ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
     ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
-    args = ap.parse_args()
-    command = f"python scripts/ship_adapter.py {args.adapter} --run {args.run}" + "".join(
-        f" --eval {e}" for e in args.eval
-    )
+    return ap
+
+
+def command_line(adapter: Path, run: Path, evals: list[Path]) -> str:
+    """The card's record of how it was shipped: a command that `parser()` reads back the same."""
+    line = f"python scripts/ship_adapter.py {adapter} --run {run}"
+    return line + "".join([" --eval"] + [f" {e}" for e in evals]) if evals else line
+
+
+def main() -> None:
+    args = parser().parse_args()
+    command = command_line(args.adapter, args.run, args.eval)
     out, digest = ship(args.adapter, args.run, args.eval, args.out, command)
     size = out.stat().st_size / 1e6
     print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {digest[:16]}")

@@ -334,6 +334,24 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert "Trained for 3 of the recipe's 3 steps" in card
 
 
+def test_ship_adapter_card_command_reads_back_every_eval_file():
+    """The card records how the adapter shipped; run again, that command must summarise the same
+    evaluation files (a repeated `--eval` would keep only the last one)."""
+    import importlib.util
+    import shlex
+
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_adapter.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    evals = [Path("docs/eval/m/niah.armt.jsonl"), Path("docs/eval/m/vt.armt.jsonl")]
+    for given in (evals, []):
+        line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given)
+        args = ship.parser().parse_args(shlex.split(line)[2:])
+        assert (
+            args.eval == given and args.adapter == Path("runs/a.safetensors") and args.run == Path("runs/r")
+        )
+
+
 def test_frozen_backbone_trains_only_the_adapter(tmp_path):
     config = tiny_config(steps=2, backbone="frozen")
     run = tiny_run(config, tmp_path)
