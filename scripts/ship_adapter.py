@@ -234,7 +234,7 @@ def parser() -> argparse.ArgumentParser:
 def command_line(adapter: Path, run: Path, evals: list[Path]) -> str:
     """The card's record of how it was shipped: a command that `parser()` reads back the same."""
     line = f"python scripts/ship_adapter.py {adapter} --run {run}"
-    return line + "".join([" --eval"] + [f" {e}" for e in evals]) if evals else line
+    return f"{line} --eval {' '.join(map(str, evals))}" if evals else line
 
 
 def main() -> None:

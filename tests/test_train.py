@@ -38,6 +38,18 @@ from edgemem.train import (
 )
 
 REPO = Path(__file__).parents[1]
+
+
+def load_script(name: str):
+    """A module of scripts/ (not a package), imported from its file."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 SHIPPED_CONFIG = REPO / "configs" / "train" / "smollm2-135m.toml"
 
 
@@ -291,13 +303,9 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     """scripts/ship_adapter.py: the shipped file loads to the same memory (hash taken without a
     base model equals the loaded model's), re-shipping equal content keeps the bytes (so eval lines
     keyed by the file id stay valid), and the card counts only lines run with this file."""
-    import importlib.util
-
     from edgemem.evaluate import adapter_id
 
-    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_adapter.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
+    ship = load_script("ship_adapter")
     config = tiny_config(steps=3, backbone="lora")
     run = tiny_run(config, tmp_path / "run")
     train(config, run)
@@ -337,12 +345,9 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
 def test_ship_adapter_card_command_reads_back_every_eval_file():
     """The card records how the adapter shipped; run again, that command must summarise the same
     evaluation files (a repeated `--eval` would keep only the last one)."""
-    import importlib.util
     import shlex
 
-    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_adapter.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
+    ship = load_script("ship_adapter")
     evals = [Path("docs/eval/m/niah.armt.jsonl"), Path("docs/eval/m/vt.armt.jsonl")]
     for given in (evals, []):
         line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given)
@@ -448,11 +453,7 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
 
 
 def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_they_ablate(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ablations", REPO / "scripts" / "train_ablations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("train_ablations")
     configs = {}
     for name, text in module.variants().items():
         (tmp_path / f"{name}.toml").write_text(text)
@@ -475,11 +476,7 @@ def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_the
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
     """`train_ablations.py cost`: 300 steps of 1 x 64, 200 of 1 x 128 and 300 of 2 x 128 at the
     log's medians (1, 2 and 3 s); a shape the log never ran is counted, not priced."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ablations", REPO / "scripts" / "train_ablations.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("train_ablations")
     log = tmp_path / "log.jsonl"
     shapes = [
         (64, 1, 1.0),
