@@ -77,6 +77,12 @@ def eval_run(
     model: ModelOpt = "smollm2-135m-instruct",
     adapter: Annotated[str | None, typer.Option(help="ARMT memory adapter (.safetensors).")] = None,
     results: ResultsOpt = Path("docs/eval"),
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="Torch weights: auto (bf16 where the CPU has it natively, else float32), float32, bfloat16."
+        ),
+    ] = "auto",
 ) -> None:
     """Run one method on n items per length bin of a task; results append to a JSONL (resumable)."""
     if ctx.invoked_subcommand is not None:
@@ -90,9 +96,23 @@ def eval_run(
         raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
     if n < 1:
         raise EdgememError("-n must be at least 1")
+    import torch
+
+    dtypes = {"auto": None, "float32": torch.float32, "bfloat16": torch.bfloat16}
+    if dtype not in dtypes:
+        raise EdgememError(f"unknown --dtype {dtype!r}: choose from {', '.join(dtypes)}")
     bins = parse_lengths(lengths)
     report = run(
-        task, bins, method, n, model, engine, adapter, results, log=lambda s: err.print(s, markup=False)
+        task,
+        bins,
+        method,
+        n,
+        model,
+        engine,
+        adapter,
+        results,
+        log=lambda s: err.print(s, markup=False),
+        dtype=dtypes[dtype],
     )
     err.print(
         f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}",

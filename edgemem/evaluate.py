@@ -19,10 +19,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from edgemem.data.tasks import LENGTHS, Builder, Item
 from edgemem.errors import EdgememError
 from edgemem.scoring import score
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_RESULTS = Path("docs/eval")
 # The adapter of armt lines run with a fresh memory (and of lines from before it was recorded).
@@ -135,8 +139,10 @@ def run(
     results: Path = DEFAULT_RESULTS,
     log: Callable[[str], None] = print,
     items: Callable[[int], list[Item]] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> RunReport:
-    """Run one method on `n` items per length bin of one task; append to its JSONL."""
+    """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
+    torch weights' dtype (None: the machine's preferred one); each line records the one used."""
     from edgemem import methods
     from edgemem.models import load_tokenizer
 
@@ -160,7 +166,7 @@ def run(
             skipped += n - len(todo)
             for item in todo:
                 if runner is None:  # loaded only when there is work
-                    runner = methods.build(method, model, engine, adapter)
+                    runner = methods.build(method, model, engine, adapter, dtype)
                 start = time.perf_counter()
                 pred = runner.predict(item, MAX_NEW_TOKENS[task])
                 seconds = time.perf_counter() - start
@@ -186,6 +192,8 @@ def run(
                 }
                 if memory is not None:
                     record["adapter"] = memory
+                if runner.dtype is not None:
+                    record["dtype"] = runner.dtype
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 os.fsync(out.fileno())

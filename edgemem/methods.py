@@ -48,6 +48,7 @@ class Prediction:
 
 class Method(Protocol):
     name: str
+    dtype: str | None  # the torch weights' dtype that computes the answers; None: not torch (llama.cpp)
 
     def predict(self, item: Item, max_new_tokens: int) -> Prediction: ...
 
@@ -160,6 +161,8 @@ class _Baseline:
         self.tokenizer = loaded.tokenizer
         self.generator = generator
         self.window = window
+        # what computed the answers: the torch weights' dtype, or None for llama.cpp's own GGUF weights
+        self.dtype = _dtype_name(loaded.dtype) if isinstance(generator, HFGenerator) else None
         self.stop_ids = stop_token_ids(self.tokenizer)
         self.kv_per_token = kv_bytes_per_token(loaded.model.config)
 
@@ -314,6 +317,7 @@ class ARMTMethod:
     def __init__(self, armt: ARMT, tokenizer: object) -> None:
         self.armt = armt
         self.tokenizer = tokenizer
+        self.dtype = _dtype_name(armt.base.dtype)
         self.stop_ids = stop_token_ids(tokenizer)
         self.kv_per_token = kv_bytes_per_token(armt.base.config)
         self.cache = PrefixStateCache(armt)
@@ -333,8 +337,15 @@ def native_window(config: object) -> int:
     return int(getattr(config, "max_position_embeddings", 2048))
 
 
-def build(method: str, model: str, engine: str, adapter: str | None = None) -> Method:
-    """A ready method on a registry model (or a model path)."""
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def build(
+    method: str, model: str, engine: str, adapter: str | None = None, dtype: torch.dtype | None = None
+) -> Method:
+    """A ready method on a registry model (or a model path); `dtype` None: the machine's preferred one
+    (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`)."""
     from edgemem.models import load_model, resolve_source
 
     if method not in METHODS:
@@ -344,9 +355,9 @@ def build(method: str, model: str, engine: str, adapter: str | None = None) -> M
     if method == "armt":
         from edgemem.assistant import Assistant
 
-        assistant = Assistant.open(model, adapter)
+        assistant = Assistant.open(model, adapter, dtype=dtype)
         return ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
-    loaded = load_model(model)
+    loaded = load_model(model, dtype)
     window = native_window(loaded.model.config)
     if engine == "llama":
         _name, source = resolve_source(model)

@@ -127,6 +127,7 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval"], "--task is required"),
         (["eval", "--task", "poems"], "unknown task"),
         (["eval", "--task", "niah", "--lengths", "3k"], "not a bin"),
+        (["eval", "--task", "niah", "--dtype", "float16"], "unknown --dtype"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
         (["data", "show", "poems"], "unknown task"),
         (["data", "show", "niah", "5k"], "not a bin"),
@@ -184,7 +185,7 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     from test_tasks import LICENSES, _write
 
     from edgemem.data.tasks import Builder
-    from edgemem.models import load_tokenizer
+    from edgemem.models import load_tokenizer, preferred_dtype
 
     root = tmp_path / "corpora"
     root.mkdir()
@@ -199,8 +200,19 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
 
     def run_slice(method: str, engine: str):
         model = "smollm2-135m-instruct"
+        dtype = torch.float32 if method == "armt" else None  # armt asks for one; the others take the default
         return run(
-            "niah", [1024], method, 2, model, engine, None, results, log=lambda s: None, items=lambda n: items
+            "niah",
+            [1024],
+            method,
+            2,
+            model,
+            engine,
+            None,
+            results,
+            log=lambda s: None,
+            items=lambda n: items,
+            dtype=dtype,
         )
 
     for method, engine in runs:
@@ -211,6 +223,9 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
         for r in lines:
             assert r["gold"] == items[int(r["id"].rsplit("-", 1)[1])].answers
             assert r["seconds"] > 0 and r["computed_tokens"] > 0 and r["peak_rss_mb"] > 100
+            # each line says which torch dtype computed it; llama.cpp runs its own GGUF weights
+            expected = {"armt": "float32", "hf": str(preferred_dtype()).removeprefix("torch."), "llama": None}
+            assert r.get("dtype") == expected["armt" if method == "armt" else engine], (method, engine)
         again = run_slice(method, engine)
         assert again.ran == 0 and again.skipped == 2  # resumable: nothing runs twice
     oracle = [
