@@ -151,8 +151,10 @@ def run(
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     done = _done_ids(path, memory)
+    corpora_id = None  # items passed in come from elsewhere: their corpora are not ours to name
     if items is None:
         builder = Builder(load_tokenizer(model))
+        corpora_id = builder.corpora_id(task)
 
         def items(length: int) -> list[Item]:
             return list(builder.build(task, length, n))
@@ -194,6 +196,8 @@ def run(
                     record["adapter"] = memory
                 if runner.dtype is not None:
                     record["dtype"] = runner.dtype
+                if corpora_id is not None:
+                    record["corpora"] = corpora_id
                 out.write(json.dumps(record) + "\n")
                 out.flush()
                 os.fsync(out.fileno())

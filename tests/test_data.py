@@ -112,6 +112,25 @@ def test_prepare_builds_a_corpus_from_package_files_once(tmp_path):
     assert json.loads((tmp_path / "gnu-manuals.meta.json").read_text())["splits"]
 
 
+def test_corpora_version_id_changes_with_the_package_files_and_only_with_them(tmp_path):
+    """Evaluation lines record it: items cut from another package version are other text."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _deb(raw / "bash-doc_1_all.deb", {"usr/share/info/bash.info.gz": gzip.compress(INFO.encode())})
+    _deb(raw / "autoconf-doc_1_all.deb", {"usr/share/info/autoconf.info.gz": gzip.compress(INFO.encode())})
+    missing = corpora.version_id(["gnu-manuals"], root=tmp_path)
+    corpora.prepare(["gnu-manuals"], root=tmp_path, log=lambda s: None)
+    first = corpora.version_id(["gnu-manuals"], root=tmp_path)
+    assert first != missing and len(first) == 12
+    corpora.prepare(["gnu-manuals"], root=tmp_path, log=lambda s: None)  # same inputs: same id
+    assert corpora.version_id(["gnu-manuals"], root=tmp_path) == first
+    (raw / "bash-doc_1_all.deb").unlink()
+    newer = INFO.replace("About bash.", "About bash, version 2.")
+    _deb(raw / "bash-doc_2_all.deb", {"usr/share/info/bash.info.gz": gzip.compress(newer.encode())})
+    corpora.prepare(["gnu-manuals"], root=tmp_path, log=lambda s: None)
+    assert corpora.version_id(["gnu-manuals"], root=tmp_path) != first
+
+
 def test_unknown_or_unprepared_corpus_is_a_clear_error(tmp_path):
     with pytest.raises(EdgememError, match="unknown corpus"):
         corpora.prepare(["wikipedia"], root=tmp_path)

@@ -221,3 +221,9 @@ def test_scoring_on_hand_made_cases():
     assert type_answer("Optional[int]` because") == "Optional[int]"
     assert score("types", "int | None`.", ["Optional[int]"]).correct
     assert not score("types", "str`", ["int"]).correct
+
+
+def test_types_items_come_from_the_code_corpora_and_the_others_from_prose(builder):
+    assert builder.sources("types") == builder.code_sources
+    assert all(builder.sources(t) == builder.prose_sources for t in ("niah", "vt", "docqa"))
+    assert builder.corpora_id("types") != builder.corpora_id("niah") == builder.corpora_id("vt")

@@ -26,7 +26,7 @@ import sys
 import sysconfig
 import tarfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -403,6 +403,20 @@ def prepare(
     if unknown:
         raise EdgememError(f"unknown corpus {unknown[0]!r}: choose from {', '.join(SOURCES)}")
     return [prepare_source(SOURCES[n], root, log) for n in (names or list(SOURCES))]
+
+
+def version_id(sources: Iterable[str], root: Path | None = None) -> str:
+    """A short id of what the prepared corpora `sources` were built from (each one's `inputs`: the
+    package files, hence their versions). Items of a task are the same text exactly when it is."""
+    parts = []
+    for source in sorted(sources):
+        meta = (root or corpora_dir()) / f"{source}.meta.json"
+        try:
+            inputs = json.loads(meta.read_text()).get("inputs", "?")
+        except (OSError, ValueError):
+            inputs = "missing"
+        parts.append(f"{source}={inputs}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:12]
 
 
 def load(source: str, split: str | None = None, root: Path | None = None) -> Iterator[dict]:

@@ -424,6 +424,14 @@ class Builder:
             return self.niah(length, index, n, {"niah": "single", "niah-mk": "mk", "niah-mv": "mv"}[task])
         return {"vt": self.vt, "docqa": self.docqa, "types": self.types}[task](length, index, n)
 
+    def sources(self, task: str) -> tuple[str, ...]:
+        """The corpora a task's items are cut from: code for `types`, prose for the others."""
+        return self.code_sources if task == "types" else self.prose_sources
+
+    def corpora_id(self, task: str) -> str:
+        """`corpora.version_id` of the task's sources: recorded with every evaluated item."""
+        return corpora.version_id(self.sources(task), self.root)
+
     def build(self, task: str, length: int, n: int) -> Iterator[Item]:
         for index in range(n):
             yield self.item(task, length, index, n)
