@@ -438,6 +438,14 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert tasks.init and not (REPO / tasks.init).resolve().is_relative_to(REPO / "edgemem" / "adapters")
     same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
     assert all(getattr(tasks, k) == getattr(config, k) for k in same)
+    # the GPU-sized next run: same memory and init, recall kept in the mix past 8 segments, every
+    # stage past 8 segments recomputed in backward, and a held-out check as long as the curriculum
+    long = load_config(SHIPPED_CONFIG.with_name("smollm2-135m-long.toml"))
+    assert all(getattr(long, k) == getattr(config, k) for k in same) and long.init == tasks.init
+    assert all(s.checkpointing for s in long.stages if max(s.segments) > 8)
+    assert all("recall" in s.mix for s in long.stages if s.task == "mix")
+    assert max(long.eval_segments) >= max(max(s.segments) for s in long.stages)
+    assert {batch_shape(long, step)[1] for step in range(long.total_steps)} >= {2, 8, 32, 64}
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
