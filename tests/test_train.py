@@ -426,6 +426,17 @@ def test_norm_inputs_and_write_source_reach_the_memory_and_its_adapter(tmp_path)
     assert saved.norm_inputs and saved.write_source == "segment"
 
 
+def test_every_committed_training_config_parses_and_runs_on_its_recipe():
+    """configs/train/*.toml are what the README and RESULTS tell people to run."""
+    shipped = load_config(SHIPPED_CONFIG)
+    same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
+    for path in sorted(SHIPPED_CONFIG.parent.glob("*.toml")):
+        config = load_config(path)
+        assert config.total_steps > 0, path.name
+        if config.init:  # continues from the recall adapter: the same memory and LoRA shapes
+            assert all(getattr(config, k) == getattr(shipped, k) for k in same), path.name
+
+
 def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     config = load_config(SHIPPED_CONFIG)
     assert config.model == "smollm2-135m-instruct" and config.stages[0].task == "lm"
