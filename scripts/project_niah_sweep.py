@@ -3,8 +3,12 @@
 seconds per item in docs/eval (100 x mean seconds per item, summed over the 1k-32k bins).
 armt lines are labelled by adapter as in the results table (`armt`, `armt-untrained`).
 
-    python scripts/project_niah_sweep.py            # projections from docs/eval
-    python scripts/project_niah_sweep.py --floor    # and the compute floor of this CPU
+    python scripts/project_niah_sweep.py                 # projections from docs/eval
+    python scripts/project_niah_sweep.py --results DIR   # from another results folder
+    python scripts/project_niah_sweep.py --floor         # and the compute floor of this CPU
+
+Seconds are those recorded, on whatever machine ran each line; lines with a `dtype` are grouped
+by it (`armt float32`, `armt bfloat16`).
 """
 
 import collections
@@ -13,14 +17,16 @@ from pathlib import Path
 
 from edgemem.evaluate import load_records
 
+results = Path(sys.argv[sys.argv.index("--results") + 1]) if "--results" in sys.argv else Path("docs/eval")
 seconds: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
-for record in load_records(Path("docs/eval")):
+for record in load_records(results):
     if record["model"] == "smollm2-135m-instruct" and record["task"] == "niah" and record["length"] <= 32768:
-        seconds[(record["method"], record["length"])].append(record["seconds"])
+        method = f"{record['method']} {record['dtype']}" if "dtype" in record else record["method"]
+        seconds[(method, record["length"])].append(record["seconds"])
 for method in sorted({m for m, _ in seconds}):
     bins = sorted(length for m, length in seconds if m == method)
     total = sum(100 * sum(seconds[(method, n)]) / len(seconds[(method, n)]) for n in bins)
-    print(f"{method:15s} bins {len(bins)} -> {total / 3600:.1f} h for 100 items/bin")
+    print(f"{method:22s} bins {len(bins)} -> {total / 3600:.1f} h for 100 items/bin")
 
 
 def compute_floor() -> None:
@@ -40,20 +46,21 @@ def compute_floor() -> None:
     weights = sum(p.numel() for p in model.parameters()) - embedding  # tied head: counted once
     memory, _ = read_adapter(shipped_adapter("smollm2-135m-instruct"))
     per_token = 2 * weights * (memory.segment_len + memory.num_write_tokens) / memory.segment_len
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    torch.mm(a, b)
-    best = 0.0
-    for _ in range(5):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = max(best, 2 * 2048**3 / (time.perf_counter() - start))
     tokens = 100 * sum(2**k * 1024 for k in range(6))  # 100 items per bin, 1k..32k
-    print(
-        f"{torch.get_num_threads()} threads: fp32 matmul {best / 1e9:.0f} GFLOP/s; "
-        f"{weights / 1e6:.0f} M non-embedding weights -> {per_token / 1e9:.2f} GFLOP per token; "
-        f"{tokens / 1e6:.1f} M tokens -> at least {tokens * per_token / best / 3600:.1f} h "
-        f"(needs {tokens * per_token / 3600 / 1e9:.0f} GFLOP/s for 1 h)"
-    )
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        torch.mm(a, b)
+        best = 0.0
+        for _ in range(5):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = max(best, 2 * 2048**3 / (time.perf_counter() - start))
+        print(
+            f"{torch.get_num_threads()} threads: {str(dtype)[6:]} matmul {best / 1e9:.0f} GFLOP/s; "
+            f"{weights / 1e6:.0f} M non-embedding weights -> {per_token / 1e9:.2f} GFLOP per token; "
+            f"{tokens / 1e6:.1f} M tokens -> at least {tokens * per_token / best / 3600:.1f} h "
+            f"(needs {tokens * per_token / 3600 / 1e9:.0f} GFLOP/s for 1 h)"
+        )
 
 
 if __name__ == "__main__" and "--floor" in sys.argv:
