@@ -11,7 +11,7 @@ import time
 
 import pytest
 from textual.widgets import Footer, Input, Select
-from tiny_assistant import tiny_assistant
+from tiny_assistant import paced_assistant, tiny_assistant
 
 from edgemem.store import Library
 from edgemem.tui.app import EdgememApp
@@ -31,6 +31,12 @@ def home(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def assistant():
     return tiny_assistant(segment_len=16)
+
+
+@pytest.fixture(scope="module")
+def paced():
+    """For tests that watch an ingest while it runs: at least 10 ms a segment, on any machine."""
+    return paced_assistant(segment_len=16)
 
 
 @pytest.fixture
@@ -90,15 +96,15 @@ async def ask(pilot, question):
     await until(pilot, lambda: len(app.query(".msg")) == before + 2 and not app.generating, what="the answer")
 
 
-def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(assistant, home, doc):
+def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(paced, home, doc):
     save_settings(Settings(max_new_tokens=16))
 
     async def first_session():
-        app = make_app(assistant)
+        app = make_app(paced)
         async with app.run_test() as pilot:
             await until(pilot, lambda: app.model_status == "ready", what="the model")
             await add_path(pilot, doc, complete_from=len(str(doc)) - 6)  # ".../vau" + Tab
-            await until(pilot, lambda: app.status_of(doc) == "ready", what="the ingest")
+            await until(pilot, lambda: app.status_of(doc) == "ready", timeout=120, what="the ingest")
             bars = list(app.bar_history)
             assert len(bars) >= 3 and bars == sorted(bars) and bars[0] < bars[-1], bars  # it moved on
             assert not app.query_one("#ingest-box").has_class("active")  # and went away at the end
@@ -112,7 +118,7 @@ def test_add_a_file_watch_it_ingest_ask_and_find_the_history_after_restart(assis
     assert pieces > 1  # streamed piece by piece, not delivered at once
 
     async def second_session():
-        app = make_app(assistant)
+        app = make_app(paced)
         async with app.run_test() as pilot:
             await until(pilot, lambda: sources(app) == ["Which code?", answer], what="the saved conversation")
             assert app.status_of(doc) == "ready"
@@ -176,12 +182,12 @@ def test_a_conversation_shows_and_answers_only_its_own_document_when_another_sha
     }
 
 
-def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(assistant, home, tmp_path):
+def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(paced, home, tmp_path):
     big = tmp_path / "big.txt"
     big.write_text(TEXT * 4)  # ~7k tokens: long enough to cancel in the middle
 
     async def session():
-        app = make_app(assistant, big)
+        app = make_app(paced, big)
         async with app.run_test() as pilot:
             await until(pilot, lambda: app.last_progress is not None, what="progress")
             await pilot.press("ctrl+g")
@@ -196,7 +202,7 @@ def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(assistant, home, 
             await until(pilot, lambda: app.ingesting is not None and app.last_progress is not None)
             assert app.last_progress.start_tokens == checkpoint.tokens  # resumed, not restarted
             assert any(f"from {checkpoint.tokens:,} tokens" in text for _, text in app.notices)
-            await until(pilot, lambda: app.ingesting is None, what="the resumed ingest")
+            await until(pilot, lambda: app.ingesting is None, timeout=120, what="the resumed ingest")
             assert app.status_of(big) == "ready" and errors(app) == []
             with Library() as lib:
                 assert lib.checkpoints() == [] and lib.records()[0].tokens > checkpoint.tokens
@@ -204,12 +210,12 @@ def test_cancel_an_ingest_then_resume_it_from_where_it_stopped(assistant, home, 
     run(session())
 
 
-def test_quitting_mid_ingest_keeps_the_progress_for_next_time(assistant, home, tmp_path):
+def test_quitting_mid_ingest_keeps_the_progress_for_next_time(paced, home, tmp_path):
     big = tmp_path / "big.txt"
     big.write_text(TEXT * 4)
 
     async def quit_early():
-        app = make_app(assistant, big)
+        app = make_app(paced, big)
         async with app.run_test() as pilot:
             await until(pilot, lambda: app.last_progress is not None, what="progress")
             await pilot.press("ctrl+q")
@@ -223,7 +229,7 @@ def test_quitting_mid_ingest_keeps_the_progress_for_next_time(assistant, home, t
         time.sleep(0.05)
 
     async def come_back():
-        app = make_app(assistant)
+        app = make_app(paced)
         async with app.run_test() as pilot:
             await until(pilot, lambda: app.status_of(big) == "partial", what="the partial entry")
 

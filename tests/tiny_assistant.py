@@ -3,6 +3,8 @@ with `tokenizers`, nothing downloaded) and a memory that carries information (no
 
 from __future__ import annotations
 
+import time
+
 import torch
 from tiny import VOCAB, tiny_llama
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -37,3 +39,28 @@ def tiny_assistant(segment_len: int = 16, seed: int = 0) -> Assistant:
             mem.W_V.weight.copy_(torch.randn(mem.W_V.weight.shape, generator=g) * 0.1)
     loaded = LoadedModel("tiny-llama", f"tiny-llama@{seed}", base, tiny_tokenizer(), torch.float32)
     return Assistant(loaded, armt, None, armt.adapter_hash())
+
+
+class PacedRuntime:
+    """A runtime whose segment steps take at least `seconds` each; everything else is the wrapped
+    runtime's. UI tests that watch an ingest in progress (the bar moving, a cancel, a resume) use
+    it: the tiny model alone ingests 7k tokens in 0.6 s on a fast CPU, before the UI looks."""
+
+    def __init__(self, runtime: object, seconds: float) -> None:
+        self._runtime = runtime
+        self.seconds = seconds
+
+    def step(self, input_ids, state):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        out = self._runtime.step(input_ids, state)  # type: ignore[attr-defined]
+        time.sleep(max(0.0, self.seconds - (time.perf_counter() - started)))
+        return out
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._runtime, name)
+
+
+def paced_assistant(segment_len: int = 16, seconds: float = 0.01) -> Assistant:
+    """`tiny_assistant` with every segment step taking at least `seconds`."""
+    fast = tiny_assistant(segment_len)
+    return Assistant(fast.loaded, fast.armt, None, fast.adapter_hash, PacedRuntime(fast.runtime, seconds))
