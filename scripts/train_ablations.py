@@ -85,7 +85,7 @@ def bootstrap_stages() -> str:
 
 
 def variants() -> dict[str, str]:
-    # bf16 autocast where the hardware has it natively: 1.6-1.9x faster steps at 2-8 segments on
+    # bf16 autocast where the hardware has it natively: 1.5-1.9x faster steps at 2-8 segments on
     # a Zen 5 CPU (scripts/train_memory_cost.py); emulated, hence slower, on a CPU without it.
     # It is an operational option: a run resumed on another machine keeps its place.
     from edgemem.models import preferred_dtype

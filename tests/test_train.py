@@ -51,6 +51,8 @@ def load_script(name: str):
 
 
 SHIPPED_CONFIG = REPO / "configs" / "train" / "smollm2-135m.toml"
+# what a run continuing from the recall adapter must share with its recipe (the adapter's shapes)
+RECIPE_SHAPE = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
 
 
 def tiny_config(steps: int = 6, backbone: str = "full", **stage: object) -> TrainConfig:
@@ -429,12 +431,11 @@ def test_norm_inputs_and_write_source_reach_the_memory_and_its_adapter(tmp_path)
 def test_every_committed_training_config_parses_and_runs_on_its_recipe():
     """configs/train/*.toml are what the README and RESULTS tell people to run."""
     shipped = load_config(SHIPPED_CONFIG)
-    same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
     for path in sorted(SHIPPED_CONFIG.parent.glob("*.toml")):
         config = load_config(path)
         assert config.total_steps > 0, path.name
         if config.init:  # continues from the recall adapter: the same memory and LoRA shapes
-            assert all(getattr(config, k) == getattr(shipped, k) for k in same), path.name
+            assert all(getattr(config, k) == getattr(shipped, k) for k in RECIPE_SHAPE), path.name
 
 
 def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
@@ -447,12 +448,11 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert set(tasks.stages[0].mix) == {"recall", "vt", "docqa", "types"}
     # it continues from the recall adapter, kept outside edgemem/adapters/ where a later ship replaces it
     assert tasks.init and not (REPO / tasks.init).resolve().is_relative_to(REPO / "edgemem" / "adapters")
-    same = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
-    assert all(getattr(tasks, k) == getattr(config, k) for k in same)
+    assert all(getattr(tasks, k) == getattr(config, k) for k in RECIPE_SHAPE)
     # the GPU-sized next run: same memory and init, recall kept in the mix past 8 segments, every
     # stage past 8 segments recomputed in backward, and a held-out check as long as the curriculum
     long = load_config(SHIPPED_CONFIG.with_name("smollm2-135m-long.toml"))
-    assert all(getattr(long, k) == getattr(config, k) for k in same) and long.init == tasks.init
+    assert all(getattr(long, k) == getattr(config, k) for k in RECIPE_SHAPE) and long.init == tasks.init
     assert all(s.checkpointing for s in long.stages if max(s.segments) > 8)
     assert all("recall" in s.mix for s in long.stages if s.task == "mix")
     assert max(long.eval_segments) >= max(max(s.segments) for s in long.stages)
