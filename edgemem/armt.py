@@ -141,6 +141,27 @@ class MemoryState:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.named_tensors().values())
 
+    def rows(self, rows: list[int]) -> MemoryState:
+        """The states of some batch rows, in that order ([B, ...] -> [len(rows), ...], a copy)."""
+        index = torch.tensor(rows, device=next(iter(self.A.values())).device)
+        return MemoryState(
+            {i: a.index_select(0, index) for i, a in self.A.items()},
+            {i: z.index_select(0, index) for i, z in self.z.items()},
+            self.writes,
+        )
+
+    @classmethod
+    def cat(cls, states: list[MemoryState]) -> MemoryState:
+        """Batch rows side by side: states of equal `writes`, [B_i, ...] each -> [sum B_i, ...]."""
+        if len({s.writes for s in states}) != 1:
+            raise ValueError("only states with the same number of writes can be batched")
+        first = states[0]
+        return cls(
+            {i: torch.cat([s.A[i] for s in states]) for i in first.A},
+            {i: torch.cat([s.z[i] for s in states]) for i in first.z},
+            first.writes,
+        )
+
 
 @dataclass
 class _SegmentContext:

@@ -83,6 +83,9 @@ def eval_run(
             help="Torch weights: auto (bf16 where the CPU has it natively, else float32), float32, bfloat16."
         ),
     ] = "auto",
+    batch: Annotated[
+        int, typer.Option(help="armt: items ingested side by side (one batched step per segment).")
+    ] = 1,
 ) -> None:
     """Run one method on n items per length bin of a task; results append to a JSONL (resumable)."""
     if ctx.invoked_subcommand is not None:
@@ -113,6 +116,7 @@ def eval_run(
         results,
         log=lambda s: err.print(s, markup=False),
         dtype=dtypes[dtype],
+        batch=batch,
     )
     err.print(
         f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}",

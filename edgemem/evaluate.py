@@ -140,9 +140,15 @@ def run(
     log: Callable[[str], None] = print,
     items: Callable[[int], list[Item]] | None = None,
     dtype: torch.dtype | None = None,
+    batch: int = 1,
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
-    torch weights' dtype (None: the machine's preferred one); each line records the one used."""
+    torch weights' dtype (None: the machine's preferred one); each line records the one used.
+
+    Items run deepest needle first, so each shares with the one before it all the haystack before
+    its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
+    that many items side by side; each of their lines gets the batch's seconds divided among them.
+    """
     from edgemem import methods
     from edgemem.models import load_tokenizer
 
@@ -159,54 +165,63 @@ def run(
         def items(length: int) -> list[Item]:
             return list(builder.build(task, length, n))
 
+    if batch < 1 or (batch > 1 and method != "armt"):
+        raise EdgememError(f"batch {batch}: items run side by side only with armt (batch 1 otherwise)")
     runner = None
     path.parent.mkdir(parents=True, exist_ok=True)
     ran = skipped = correct = 0
     with open(path, "a", encoding="utf-8") as out:
         for length in lengths:
             todo = [it for it in items(length) if it.id not in done]
+            todo.sort(key=lambda it: -float(it.meta.get("depth") or 0.0))  # stable: no depth, same order
             skipped += n - len(todo)
-            for item in todo:
+            for first in range(0, len(todo), batch):
+                group = todo[first : first + batch]
                 if runner is None:  # loaded only when there is work
                     runner = methods.build(method, model, engine, adapter, dtype)
                 start = time.perf_counter()
-                pred = runner.predict(item, MAX_NEW_TOKENS[task])
-                seconds = time.perf_counter() - start
-                sc = score(task, pred.text, item.answers)
-                record = {
-                    "id": item.id,
-                    "task": task,
-                    "length": length,
-                    "method": label,
-                    "model": model,
-                    "prediction": pred.text,
-                    "gold": item.answers,
-                    "correct": sc.correct,
-                    "score": round(sc.score, 4),
-                    "em": sc.em,
-                    "tokens": item.tokens,
-                    "computed_tokens": pred.processed_tokens,
-                    "seconds": round(seconds, 3),
-                    "peak_rss_mb": round(peak_rss_mb(), 1),
-                    "memory_mb": round(pred.memory_bytes / 2**20, 2),
-                    "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
-                    "depth": item.meta.get("depth"),
-                }
-                if memory is not None:
-                    record["adapter"] = memory
-                if runner.dtype is not None:
-                    record["dtype"] = runner.dtype
-                if corpora_id is not None:
-                    record["corpora"] = corpora_id
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-                ran += 1
-                correct += sc.correct
-                log(
-                    f"{item.id} {label}: {'ok ' if sc.correct else 'bad'} {seconds:6.1f}s "
-                    f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
-                )
+                if len(group) == 1:
+                    predictions = [runner.predict(group[0], MAX_NEW_TOKENS[task])]
+                else:
+                    predictions = runner.predict_batch(group, MAX_NEW_TOKENS[task])  # type: ignore[attr-defined]
+                seconds = (time.perf_counter() - start) / len(group)
+                for item, pred in zip(group, predictions, strict=True):
+                    sc = score(task, pred.text, item.answers)
+                    record = {
+                        "id": item.id,
+                        "task": task,
+                        "length": length,
+                        "method": label,
+                        "model": model,
+                        "prediction": pred.text,
+                        "gold": item.answers,
+                        "correct": sc.correct,
+                        "score": round(sc.score, 4),
+                        "em": sc.em,
+                        "tokens": item.tokens,
+                        "computed_tokens": pred.processed_tokens,
+                        "seconds": round(seconds, 3),
+                        "batch": len(group),
+                        "peak_rss_mb": round(peak_rss_mb(), 1),
+                        "memory_mb": round(pred.memory_bytes / 2**20, 2),
+                        "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
+                        "depth": item.meta.get("depth"),
+                    }
+                    if memory is not None:
+                        record["adapter"] = memory
+                    if runner.dtype is not None:
+                        record["dtype"] = runner.dtype
+                    if corpora_id is not None:
+                        record["corpora"] = corpora_id
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                    os.fsync(out.fileno())
+                    ran += 1
+                    correct += sc.correct
+                    log(
+                        f"{item.id} {label}: {'ok ' if sc.correct else 'bad'} {seconds:6.1f}s "
+                        f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
+                    )
     return RunReport(path, ran, skipped, correct)
 
 

@@ -43,11 +43,48 @@ def test_prefix_state_reuse_reaches_the_state_of_a_fresh_ingest():
     cache = PrefixStateCache(armt)
     for ids in (first, second, second[:50], first):
         before = cache.segments_run
-        state, tail = cache.ingest(ids)
+        state, tail, _ = cache.ingest(ids)
         fresh = ingest(armt, [ids])
         assert _same_state(state, fresh.state) and tail == fresh.tail_ids
         if ids is second:
             assert cache.segments_run - before == (len(second) - 1) // 8 - 4  # only what follows the prefix
+
+
+def _close_state(a, b) -> bool:
+    ta, tb = a.named_tensors(), b.named_tensors()
+    return (
+        ta.keys() == tb.keys()
+        and all(torch.allclose(ta[k], tb[k], atol=1e-5, rtol=1e-4) for k in ta)
+        and a.writes == b.writes
+    )
+
+
+def test_contexts_ingested_side_by_side_reach_the_states_of_one_by_one_ingests():
+    armt = make("llama", segment_len=8)
+    randomise_memory(armt)
+    g = torch.Generator().manual_seed(0)
+    haystack = torch.randint(3, 90, (70,), generator=g).tolist()
+    cache = PrefixStateCache(armt)
+    cache.ingest(haystack)
+    # a needle at two depths of the same haystack, a context that ends sooner, one under a segment
+    deep = haystack[:60] + [1, 2, 1] + haystack[60:]
+    shallow = haystack[:37] + [1, 2, 1] + haystack[37:]
+    contexts = [deep, shallow, haystack[:30], haystack[:5]]
+    before = cache.segments_run
+    done = cache.ingest_many(contexts)
+    for ids, got in zip(contexts, done, strict=True):
+        fresh = ingest(armt, [ids])
+        assert _close_state(got.state, fresh.state) and got.tail == fresh.tail_ids
+        assert got.stepped == (len(ids) - 1) // 8  # the shortest context shares no whole cached segment
+    assert cache.segments_run - before == sum(got.stepped for got in done)
+    # the cache now holds the last context's states: a deeper needle in its prefix resumes from them
+    state, tail, stepped = cache.ingest(haystack[:5] + [2] * 20)
+    assert stepped == 3 and _close_state(state, ingest(armt, [haystack[:5] + [2] * 20]).state)
+    # the batch starts from the prefix every context shares with the previous call's last context
+    cache.ingest(deep)
+    done = cache.ingest_many([deep[:61] + [1] * 30, deep[:50] + [2] * 9])
+    assert [got.stepped for got in done] == [(91 - 1) // 8 - 6, (59 - 1) // 8 - 6]
+    assert _close_state(done[1].state, ingest(armt, [deep[:50] + [2] * 9]).state)
 
 
 def test_prefix_state_cache_keeps_a_bounded_number_of_states():
@@ -128,6 +165,8 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval", "--task", "poems"], "unknown task"),
         (["eval", "--task", "niah", "--lengths", "3k"], "not a bin"),
         (["eval", "--task", "niah", "--dtype", "float16"], "unknown --dtype"),
+        (["eval", "--task", "niah", "--method", "window", "--batch", "4"], "only with armt"),
+        (["eval", "--task", "niah", "--batch", "0"], "batch 0"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
         (["data", "show", "poems"], "unknown task"),
         (["data", "show", "niah", "5k"], "not a bin"),
@@ -213,13 +252,16 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
             log=lambda s: None,
             items=lambda n: items,
             dtype=dtype,
+            batch=2 if method == "armt" else 1,  # armt ingests both items side by side
         )
 
     for method, engine in runs:
         report = run_slice(method, engine)
         assert report.ran == 2, method
         lines = [json.loads(x) for x in report.path.read_text().splitlines()]
-        assert [r["id"] for r in lines] == [it.id for it in items]
+        deepest_first = sorted(items, key=lambda it: -it.meta["depth"])
+        assert [r["id"] for r in lines] == [it.id for it in deepest_first] != [it.id for it in items]
+        assert {r["batch"] for r in lines} == {2 if method == "armt" else 1}
         for r in lines:
             assert r["gold"] == items[int(r["id"].rsplit("-", 1)[1])].answers
             assert r["seconds"] > 0 and r["computed_tokens"] > 0 and r["peak_rss_mb"] > 100
