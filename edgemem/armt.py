@@ -239,8 +239,20 @@ class LoRALinear(nn.Module):
         self.scale = alpha / rank
         self.A = nn.Parameter(torch.randn(rank, linear.in_features) / linear.in_features**0.5)
         self.B = nn.Parameter(torch.zeros(linear.out_features, rank))
+        self.merged = False  # the update is folded into linear.weight (ARMT.merge_lora)
+
+    def merge(self) -> None:
+        """W <- W + (alpha / r) B A, summed in float32 and stored in W's dtype; forward is then
+        W x alone. A and B stay (the adapter's hash and file do not change)."""
+        with torch.no_grad():
+            weight = self.linear.weight
+            delta = self.scale * (self.B.detach().float() @ self.A.detach().float())
+            weight.copy_((weight.float() + delta.to(weight.device)).to(weight.dtype))
+        self.merged = True
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.merged:
+            return self.linear(x)
         update = (x.float() @ self.A.t()) @ self.B.t()
         return self.linear(x) + (self.scale * update).to(x.dtype)
 
@@ -299,6 +311,8 @@ class ARMT(nn.Module):
             for parent, attr in _lora_sites(layers[j]):
                 child = getattr(parent, attr)
                 if isinstance(child, LoRALinear):
+                    if child.merged:
+                        raise EdgememError("this base model holds merged LoRA weights: load it again")
                     setattr(parent, attr, child.linear)
         self.lora = nn.ModuleDict()
         if config.lora_rank:
@@ -401,7 +415,19 @@ class ARMT(nn.Module):
             tensors[f"lora.{name}.B"] = module.B.detach().contiguous()
         return tensors
 
+    def merge_lora(self) -> None:
+        """Fold every LoRA update into its base weight, for inference: one matrix product per
+        projection instead of three, and no float32 round trip (`scripts/armt_batch_speed.py`).
+        The same function up to rounding in the weights' dtype (float32: logits to 1e-5, tested).
+        The adapter's tensors and hash stay; the base model is changed for good: no other adapter
+        can be loaded into this ARMT, and no other ARMT built on its base."""
+        for module in self.lora.values():
+            if not module.merged:
+                module.merge()
+
     def load_adapter_tensors(self, tensors: dict[str, Tensor]) -> None:
+        if any(m.merged for m in self.lora.values()):
+            raise EdgememError("this memory's LoRA is merged into the base weights: load the model again")
         expected = self.adapter_tensors()
         if set(tensors) != set(expected):
             missing, extra = set(expected) - set(tensors), set(tensors) - set(expected)

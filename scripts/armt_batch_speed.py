@@ -6,7 +6,7 @@ thin to keep a CPU's vector units busy. This measures what stepping B items in l
 alternating rounds so every batch size sees the same machine noise.
 
 OMP_NUM_THREADS=1 python scripts/armt_batch_speed.py [--batches 1 2 4 8] [--segments 8] [--rounds 3]
-    [--dtype auto|float32|bfloat16]
+    [--dtype auto|float32|bfloat16] [--merge-lora]
 """
 
 import argparse
@@ -22,17 +22,20 @@ parser.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
 parser.add_argument("--segments", type=int, default=8, help="segments stepped per timing")
 parser.add_argument("--rounds", type=int, default=3)
 parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16"], default="auto")
+parser.add_argument("--merge-lora", action="store_true", help="fold LoRA into the weights (ARMT.merge_lora)")
 args = parser.parse_args()
 
 dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
 assistant = Assistant.open("smollm2-135m-instruct", None, dtype=dtype)
 armt = assistant.armt
+if args.merge_lora:
+    armt.merge_lora()
 S = armt.config.segment_len
 generator = torch.Generator().manual_seed(0)
 vocab = armt.base.config.vocab_size
 print(
     f"dtype {armt.base.dtype}, segment {S} + {armt.config.num_write_tokens} write tokens, "
-    f"{torch.get_num_threads()} threads"
+    f"{torch.get_num_threads()} threads, LoRA {'merged' if args.merge_lora else 'separate'}"
 )
 rates: dict[int, list[float]] = {b: [] for b in args.batches}
 with torch.inference_mode():

@@ -15,6 +15,7 @@ from edgemem.armt import (
     read_adapter,
     save_adapter,
 )
+from edgemem.errors import EdgememError
 
 ARCHS = sorted(MAKERS)
 
@@ -219,6 +220,34 @@ def test_fresh_lora_changes_nothing_and_round_trips(arch, tmp_path):
     with torch.no_grad():
         _, unwrapped = plain.step(ids, plain.empty_state(2), return_logits=True)
     torch.testing.assert_close(unwrapped, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_merged_lora_computes_the_same_states_and_logits(arch):
+    """merge_lora folds B A into the base weights for inference: the same segment step (float32),
+    the same adapter hash; the changed base refuses another adapter or another ARMT."""
+    base = MAKERS[arch]()
+    config = ARMTConfig.for_model(base.config.num_hidden_layers, segment_len=12, d_mem=8, lora_rank=4)
+    armt = ARMT(base, config)
+    randomise_memory(armt)
+    with torch.no_grad():
+        for module in armt.lora.values():
+            module.B.normal_(0, 0.1)
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        state, _ = armt.step(ids, armt.empty_state(2))
+        expected_state, expected = armt.step(ids, state, return_logits=True)
+        tensors, digest = armt.adapter_tensors(), armt.adapter_hash()
+        armt.merge_lora()
+        merged_state, merged = armt.step(ids, armt.step(ids, armt.empty_state(2))[0], return_logits=True)
+    torch.testing.assert_close(merged, expected, atol=1e-5, rtol=1e-5)
+    for name, tensor in expected_state.named_tensors().items():
+        torch.testing.assert_close(merged_state.named_tensors()[name], tensor, atol=1e-4, rtol=1e-4)
+    assert armt.adapter_hash() == digest
+    with pytest.raises(EdgememError, match="merged"):
+        armt.load_adapter_tensors(tensors)
+    with pytest.raises(EdgememError, match="merged"):
+        ARMT(base, config)
 
 
 def test_config_without_lora_keeps_its_json():
