@@ -48,7 +48,7 @@ def cell(segments: int, mode: str, autocast: bool, batch: int) -> dict:
         ProseTasks,
         Stage,
         TrainConfig,
-        _autocast,
+        autocast_context,
         build_armt,
         cached_stream,
         forward_loss,
@@ -85,7 +85,7 @@ def cell(segments: int, mode: str, autocast: bool, batch: int) -> dict:
     def step(n: int) -> float:
         data = tasks.batch("recall", random.Random(n), stage, 128, n)
         started = time.perf_counter()
-        with _autocast(armt, autocast):
+        with autocast_context(armt, autocast):
             loss, _ = forward_loss(armt, data, stage, data.written.shape[0])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
