@@ -87,6 +87,9 @@ class Stage:
     segments: number of written segments, one sampled per batch (the curriculum inside a stage).
     needle: where the needle sits in its segment ("end": its last tokens; "random").
     needle_segment: which written segment holds it ("first", "last" or "any").
+    p_tail: recall only: the probability that the asked needle sits instead in the unwritten tail
+      next to the question, where it is read by attention, not from memory (the evaluation puts
+      it there whenever its depth falls past the last full segment).
     tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
@@ -106,6 +109,7 @@ class Stage:
     batch_size: int = 4
     needle: str = "random"
     needle_segment: str = "any"
+    p_tail: float = 0.0
     tail: int = 0
     keys: int = 1
     digits: int = 7
@@ -128,8 +132,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
-        if not 0 <= self.p_short <= 1:
-            raise EdgememError(f"stage {self.name!r}: p_short must lie in [0, 1]")
+        if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1:
+            raise EdgememError(f"stage {self.name!r}: p_short and p_tail must lie in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -391,10 +395,18 @@ class ProseTasks:
         taken: set[str] = set()
         tail_len = rng.randint(1, stage.tail or S)
         doc = self._window(rng, S * segments + tail_len)
+        in_tail = stage.p_tail > 0 and rng.random() < stage.p_tail  # no draw at 0: older runs replay
         keys = [random_key(rng, taken) for _ in range(stage.keys)]
         values = [random_number(rng, stage.digits) for _ in keys]
-        for key, value in zip(keys, values, strict=True):
+        for i, (key, value) in enumerate(zip(keys, values, strict=True)):
             needle = self._ids(" " + NIAH_NEEDLE.format(key, value))[: S - 1]
+            if i == 0 and in_tail:
+                if tail_len < len(needle):  # a tail too short for it: a longer window
+                    tail_len = len(needle)
+                    doc = self._window(rng, S * segments + tail_len)
+                pos = rng.randrange(0, tail_len - len(needle) + 1)
+                doc[S * segments + pos : S * segments + pos + len(needle)] = needle
+                continue
             seg = _needle_segment(rng, stage, segments)
             pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
             doc[seg * S + pos : seg * S + pos + len(needle)] = needle
@@ -693,7 +705,7 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
         batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
-        with _autocast(armt, config.autocast):
+        with autocast_context(armt, config.autocast):
             loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -778,7 +790,7 @@ def _init_meta(config: TrainConfig, out: Path, resumed: bool) -> dict[str, str]:
     return {"init_sha256": sha256_file(Path(config.init))}
 
 
-def _autocast(armt: ARMT, enabled: bool) -> contextlib.AbstractContextManager:
+def autocast_context(armt: ARMT, enabled: bool) -> contextlib.AbstractContextManager:
     """bf16 autocast on the model's device (the memory itself computes in float32 regardless)."""
     device = armt.write_embeddings.device.type
     return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)

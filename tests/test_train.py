@@ -602,6 +602,33 @@ def test_recall_stage_digits_sets_the_needle_number_length(prose_tasks):
             Stage(name="r", task="recall", steps=1, segment_len=8, digits=bad)
 
 
+def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):
+    """With p_tail = 1 the asked needle sits in the unwritten tail (read by attention with the
+    question, as in an evaluation item whose needle falls past the last full segment), even when
+    the drawn tail was shorter than the needle, while the distractors stay in written segments;
+    p_tail = 0 draws nothing extra, so older runs replay the same items; p_tail outside [0, 1] is
+    refused."""
+    import re
+
+    tok = prose_tasks.tokenizer
+    options = dict(name="r", task="recall", steps=1, segment_len=64, segments=(2,), keys=2, tail=4)
+    stage = Stage(**options, p_tail=1.0)
+    for seed in range(4):
+        doc, prompt, answer = prose_tasks.recall_item(step_rng(0, seed, "t"), stage, 64, 2)
+        value = tok.decode(answer, skip_special_tokens=True).strip().rstrip(".")
+        tail, written = tok.decode(doc[128:]), tok.decode(doc[:128])
+        assert f" is: {value}." in tail and f" is: {value}." not in written
+        assert len(re.findall(r"magic numbers for \S+ is: \d{7}\.", written)) == 1  # the distractor
+        assert tail.strip() in tok.decode(prompt)
+    plain = Stage(**options)
+    zero = Stage(**options, p_tail=0.0)
+    assert prose_tasks.recall_item(step_rng(0, 9, "t"), plain, 64, 2) == prose_tasks.recall_item(
+        step_rng(0, 9, "t"), zero, 64, 2
+    )
+    with pytest.raises(EdgememError, match="p_tail"):
+        Stage(**options, p_tail=1.5)
+
+
 def test_lora_backbone_trains_lora_and_memory_only(tmp_path):
     """backbone = "lora": the LoRA matrices and the memory change, the base weights do not, and
     the adapter file carries the LoRA matrices."""
