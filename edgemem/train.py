@@ -87,9 +87,9 @@ class Stage:
     segments: number of written segments, one sampled per batch (the curriculum inside a stage).
     needle: where the needle sits in its segment ("end": its last tokens; "random").
     needle_segment: which written segment holds it ("first", "last" or "any").
-    p_tail: recall only: the probability that the asked needle sits instead in the unwritten tail
-      next to the question, where it is read by attention, not from memory (the evaluation puts
-      it there whenever its depth falls past the last full segment).
+    p_tail: prose recall only (`ProseTasks`): the probability that the asked needle sits instead
+      in the unwritten tail next to the question, where it is read by attention, not from memory
+      (the evaluation puts it there whenever its depth falls past the last full segment).
     tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
