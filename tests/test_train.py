@@ -620,11 +620,23 @@ def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):
         assert f" is: {value}." in tail and f" is: {value}." not in written
         assert len(re.findall(r"magic numbers for \S+ is: \d{7}\.", written)) == 1  # the distractor
         assert tail.strip() in tok.decode(prompt)
-    plain = Stage(**options)
-    zero = Stage(**options, p_tail=0.0)
-    assert prose_tasks.recall_item(step_rng(0, 9, "t"), plain, 64, 2) == prose_tasks.recall_item(
-        step_rng(0, 9, "t"), zero, 64, 2
-    )
+    # p_tail = 0: the draws of the recipe before p_tail existed (tail length, window, then keys and
+    # numbers), so the same document and the same asked number
+    from edgemem.data.tasks import random_key, random_number
+
+    for seed in range(9, 12):
+        rng = step_rng(0, seed, "t")
+        tail_len = rng.randint(1, 4)
+        start = rng.randrange(0, len(prose_tasks.stream) - (128 + tail_len))
+        taken: set[str] = set()
+        keys = [random_key(rng, taken) for _ in range(2)]
+        value = [random_number(rng, 7) for _ in keys][0]
+        doc, prompt, answer = prose_tasks.recall_item(
+            step_rng(0, seed, "t"), Stage(**options, p_tail=0.0), 64, 2
+        )
+        assert tok.decode(prompt).endswith(NIAH_PREFIX.format(keys[0]))
+        assert tok.decode(answer, skip_special_tokens=True).strip() == f"{value}."
+        assert doc[128:] == prose_tasks.stream[start + 128 : start + 128 + tail_len].tolist()
     with pytest.raises(EdgememError, match="p_tail"):
         Stage(**options, p_tail=1.5)
 
