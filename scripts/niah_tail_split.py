@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""Where armt's niah answers fail: the needle written into memory, or left in the unwritten tail.
+
+An armt ingest writes every full segment and keeps the last 1..S tokens (the tail) unwritten; the
+answer segment shows the tail beside the question. This script rebuilds the test items behind
+the given result files (from the prepared corpora, as `edgemem eval` does), tokenizes each
+context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
+over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
+place) per file, split by where the needle was:
+
+    python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
+    python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
+
+S is 128 (the shipped adapter's segment length; `--segment-len` for another).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from edgemem.armt import tokenize_stream
+from edgemem.data.tasks import Builder
+from edgemem.models import load_tokenizer
+
+
+def near(prediction: str, gold: str) -> bool:
+    digits = "".join(ch for ch in prediction if ch.isdigit())[: len(gold)]
+    return (
+        len(digits) == len(gold) and sum(a == b for a, b in zip(digits, gold, strict=True)) >= len(gold) - 2
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path, help="niah.armt.jsonl result files")
+    parser.add_argument("--segment-len", type=int, default=128)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    args = parser.parse_args()
+
+    runs = [{r["id"]: r for r in map(json.loads, f.read_text().splitlines())} for f in args.files]
+    shared = set(runs[0]).intersection(*runs[1:])
+    tokenizer = load_tokenizer(args.model)
+    builder = Builder(tokenizer)
+    S = args.segment_len
+    where: dict[str, str] = {}
+    for length in sorted({runs[0][i]["length"] for i in shared}):
+        wanted = {i for i in shared if runs[0][i]["length"] == length}
+        n = 1 + max(int(i.rsplit("-", 1)[1]) for i in wanted)
+        for item in builder.build("niah", length, n):
+            if item.id in wanted:
+                ids = [t for chunk in tokenize_stream([item.context], tokenizer) for t in chunk]
+                tail = tokenizer.decode(ids[(len(ids) - 1) // S * S :])  # type: ignore[attr-defined]
+                where[item.id] = "tail" if item.answers[0] in tail else "written"
+
+    counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (1 + 2 * len(runs)))
+    for i in shared:
+        length = runs[0][i]["length"]
+        for key in ((f"{length // 1024}k", where[i]), ("all", where[i])):
+            cell = counts[key]
+            cell[0] += 1
+            for k, run in enumerate(runs):
+                cell[1 + 2 * k] += run[i]["correct"]
+                cell[2 + 2 * k] += near(run[i]["prediction"], run[i]["gold"][0])
+    print(f"{len(shared)} items in every file; per file: correct / 5+ of 7 digits in place")
+    for k, f in enumerate(args.files):
+        print(f"  [{k}] {f}")
+    for key in sorted(counts, key=lambda k: (k[0] == "all", int(k[0][:-1]) if k[0] != "all" else 0, k[1])):
+        cell = counts[key]
+        cells = "  ".join(f"[{k}] {cell[1 + 2 * k]:3d} / {cell[2 + 2 * k]:3d}" for k in range(len(runs)))
+        print(f"{key[0]:>4s} {key[1]:7s} of {cell[0]:3d}:  {cells}")
+
+
+if __name__ == "__main__":
+    main()
