@@ -6,7 +6,7 @@ answer segment shows the tail beside the question. This script rebuilds the test
 the given result files (from the prepared corpora, as `edgemem eval` does), tokenizes each
 context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
 over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
-place) per file, split by where the needle was:
+place) per file, split by where the needle was, and how often each file agrees with the first:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -67,6 +67,10 @@ def main() -> None:
     print(f"{len(shared)} items in every file; per file: correct / 5+ of 7 digits in place")
     for k, f in enumerate(args.files):
         print(f"  [{k}] {f}")
+    for k, run in enumerate(runs[1:], start=1):
+        verdict = sum(run[i]["correct"] == runs[0][i]["correct"] for i in shared)
+        text = sum(run[i]["prediction"] == runs[0][i]["prediction"] for i in shared)
+        print(f"  [{k}] against [0]: the same verdict on {verdict}, the same text on {text}")
     for key in sorted(counts, key=lambda k: (k[0] == "all", int(k[0][:-1]) if k[0] != "all" else 0, k[1])):
         cell = counts[key]
         cells = "  ".join(f"[{k}] {cell[1 + 2 * k]:3d} / {cell[2 + 2 * k]:3d}" for k in range(len(runs)))
