@@ -23,3 +23,4 @@ wait "$long"
 end=$(date +%s)
 echo "niah sweep, $N items per bin, 1k-32k, batch $BATCH: $(( end - start )) s wall ($(date -u -d @"$start" +%FT%TZ) to $(date -u -d @"$end" +%FT%TZ))"
 tail -n 1 "$RESULTS/32k.log" "$RESULTS/1k-16k.log"
+edgemem eval plot --results "$RESULTS" --out "$RESULTS/accuracy.png"   # the per-bin table, untimed
