@@ -1,24 +1,34 @@
 #!/usr/bin/env python3
 """The training issue's two ablations, as runs of `edgemem train` that resume where they stopped.
 
-    python scripts/train_ablations.py configs          # write runs/ablations/<name>/config.toml
-    python scripts/train_ablations.py run [NAME ...]   # train them one after another (resumable)
-    python scripts/train_ablations.py table            # held-out recall at 2x and 8x the training length
-    python scripts/train_ablations.py cost [LOG]       # their step time, from a run's measured steps
+    python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
+    python scripts/train_ablations.py run [--threads N] [NAME ...]   # train them in order (resumable)
+    python scripts/train_ablations.py table                          # recall at 2x and 8x the training length
+    python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
 
 Every run shares one short recipe, the shipped one's learnable start (SmolLM2-135M-Instruct, LoRA
 r=16, the memory on the layer's input norm, every segment token writing; configs/train/
-smollm2-135m.toml): the bootstrap stages on 1, 3 then 7 digits, then one 128-token segment with the
-needle anywhere, then 2 written segments of 128 tokens (the training length L = 256 written tokens
-plus the tail). The frozen backbone with write tokens only, which this script used before, never
-left chance (docs/RESULTS.md, "Training the memory"). Recall is measured on the validation split
-at 2x and 8x L (4 and 16 segments of 128 tokens, 8 and 32 of 64), 32 items each.
+smollm2-135m.toml), cut in two:
+
+- a **prefix** per memory placement (`prefix-<layers>`, 500 steps): the bootstrap stages on 1, 3
+  then 7 digits (the needle at the end of one 64-token segment), then one 128-token segment with
+  the needle anywhere; checked once at its end on one 128-token segment;
+- a **branch** (300 steps) that starts from its prefix's adapter (`init`, a fresh optimizer) and
+  trains the length stage: 2 written segments of 128 tokens (the training length L = 256 written
+  tokens plus the tail). Recall is measured on the validation split at 2x and 8x L (4 and 16
+  segments of 128 tokens, 8 and 32 of 64), 32 items each, every 100 steps.
 
 - Layer selection: the memory in about 20% of the layers, placed low (0-5), middle (12-17), high
-  (24-29) or spread from 40% depth (the default, 12-27), against every layer (0-29).
-- Segment length: fixed 128, fixed 64 (twice the segments: the same tokens), and stochastic
-  64/128 with p_short 0.5 and 0.75 (fixed at 128 for the last 10%); all at the same steps and
-  tokens per step (a short segment keeps the document's length), so at equal compute.
+  (24-29) or spread from 40% depth (the default, 12-27), against every layer (0-29): one prefix
+  and one branch (`layers-<placement>`) each.
+- Segment length, all branches of `prefix-spread`: fixed 128 (`layers-spread`), fixed 64 (twice the
+  segments: the same tokens), and stochastic 64/128 with p_short 0.5 and 0.75 (fixed at 128 for the
+  last 10%); all at the same steps and tokens per step (a short segment keeps the document's
+  length), so at equal compute.
+
+The segment-length branches differ from the same 500-step start only in what they ablate, and the
+5 + 8 runs cost about 6.5 h of one-thread step time instead of the 8 full runs' 8.5 h (`cost`).
+Run two `run --threads 1` processes side by side on a 2-core machine, each with its own names.
 
 Every run uses bf16 autocast where the machine runs bf16 natively, and recomputes each segment in
 backward in the multi-segment stage (`checkpointing`: the same gradients, flat activation memory).
@@ -26,6 +36,7 @@ backward in the multi-segment stage (`checkpointing`: the same gradients, flat a
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -46,10 +57,13 @@ seed = 0
 threads = 2
 autocast = {autocast}
 checkpoint_every = 10
-eval_every = 100
 eval_items = 32
-eval_segments = [{eval_at}]
-{extra}
+{layers}
+"""
+
+PREFIX = """eval_every = 500
+eval_segments = [1]
+
 {bootstrap}
 [[stage]]
 name = "position"
@@ -58,6 +72,11 @@ steps = 200
 segment_len = 128
 segments = [1]
 tail = 32
+"""
+
+BRANCH = """eval_every = 100
+eval_segments = [{eval_at}]
+init = "{init}"
 
 [[stage]]
 name = "length"
@@ -69,6 +88,14 @@ lr = 5e-4
 checkpointing = true
 {stochastic}"""
 
+# Where the memory sits, as each config says it ("": the default, spread from 40% depth).
+LAYERS = {
+    "spread": "",
+    "low": "memory_layers = [0, 1, 2, 3, 4, 5]",
+    "middle": "memory_layers = [12, 13, 14, 15, 16, 17]",
+    "high": "memory_layers = [24, 25, 26, 27, 28, 29]",
+    "all": f"memory_layers = {list(range(30))}",
+}
 
 # The bootstrap stages (the needle at the end of one 64-token segment), 1 -> 3 -> 7 digits:
 # (digits, warmup, min_lr_ratio), as in configs/train/smollm2-135m.toml.
@@ -84,7 +111,15 @@ def bootstrap_stages() -> str:
     )
 
 
+def prefix_of(name: str) -> str | None:
+    """The prefix run a branch starts from (None for a prefix)."""
+    if name.startswith("prefix-"):
+        return None
+    return "prefix-" + (name.removeprefix("layers-") if name.startswith("layers-") else "spread")
+
+
 def variants() -> dict[str, str]:
+    """Every run's config, prefixes first (a branch needs its prefix's finished adapter)."""
     # bf16 autocast where the hardware has it natively: 1.5-1.9x faster steps at 2-8 segments on
     # a Zen 5 CPU (scripts/train_memory_cost.py); emulated, hence slower, on a CPU without it.
     # It is an operational option: a run resumed on another machine keeps its place.
@@ -92,30 +127,29 @@ def variants() -> dict[str, str]:
 
     autocast = "true" if preferred_dtype() == torch.bfloat16 else "false"
 
-    def config(extra: str = "", segment_len: int = 128, segments: int = 2, stochastic: str = "") -> str:
+    def prefix(layers: str) -> str:
+        return HEADER.format(autocast=autocast, layers=LAYERS[layers]) + PREFIX.format(
+            bootstrap=bootstrap_stages()
+        )
+
+    def branch(layers: str, segment_len: int = 128, segments: int = 2, stochastic: str = "") -> str:
         scale = 128 // segment_len  # evaluate at the same document lengths: 2x and 8x L
-        eval_at = f"{4 * scale}, {16 * scale}"
-        return HEADER.format(
-            autocast=autocast,
-            extra=extra,
-            bootstrap=bootstrap_stages(),
+        return HEADER.format(autocast=autocast, layers=LAYERS[layers]) + BRANCH.format(
+            eval_at=f"{4 * scale}, {16 * scale}",
+            init=f"runs/ablations/prefix-{layers}/adapter.safetensors",
             segment_len=segment_len,
             segments=segments,
             stochastic=stochastic,
-            eval_at=eval_at,
         )
 
-    out = {
-        "layers-spread": config(),
-        "layers-low": config("memory_layers = [0, 1, 2, 3, 4, 5]"),
-        "layers-middle": config("memory_layers = [12, 13, 14, 15, 16, 17]"),
-        "layers-high": config("memory_layers = [24, 25, 26, 27, 28, 29]"),
-        "layers-all": config(f"memory_layers = {list(range(30))}"),
-        "segment-fixed-64": config(segment_len=64, segments=4),
-    }
+    out = {f"prefix-{layers}": prefix(layers) for layers in LAYERS}
+    out |= {f"layers-{layers}": branch(layers) for layers in LAYERS}  # layers-spread: fixed 128
+    out["segment-fixed-64"] = branch("spread", segment_len=64, segments=4)
     for p in (0.5, 0.75):
-        out[f"segment-stochastic-{p}"] = config(stochastic=f"short_segment_len = 64\np_short = {p}\n")
-    return out  # "layers-spread" doubles as "segment-fixed-128"
+        out[f"segment-stochastic-{p}"] = branch(
+            "spread", stochastic=f"short_segment_len = 64\np_short = {p}\n"
+        )
+    return out
 
 
 def write_configs() -> dict[str, Path]:
@@ -130,30 +164,63 @@ def write_configs() -> dict[str, Path]:
     return paths
 
 
-def run(names: list[str]) -> None:
+def finished_steps(name: str) -> int:
+    """The step a run's adapter was last written at (0: none yet)."""
+    from safetensors import safe_open
+
+    adapter = OUT / name / "adapter.safetensors"
+    if not adapter.is_file():
+        return 0
+    with safe_open(str(adapter), framework="pt") as handle:
+        return int((handle.metadata() or {}).get("train_steps", 0))
+
+
+def run(names: list[str], threads: int | None) -> None:
+    import tomllib
+
+    from edgemem.train import TrainConfig
+
     paths = write_configs()
     for name in names or list(paths):
+        if name not in paths:
+            sys.exit(f"no ablation run {name!r} (choose from {', '.join(paths)})")
+        prefix = prefix_of(name)
+        if prefix is not None:
+            need = TrainConfig.from_dict(tomllib.loads(paths[prefix].read_text())).total_steps
+            if finished_steps(prefix) < need:
+                sys.exit(f"{name} starts from {prefix}, which has not finished ({need} steps): run it first")
         cmd = [sys.executable, "-m", "edgemem.cli", "train", str(paths[name]), "--out", str(OUT / name)]
+        cmd += ["--threads", str(threads)] if threads else []
         print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
+        subprocess.run(cmd, check=True, cwd=ROOT)
+
+
+def evals(name: str) -> list[dict]:
+    log = OUT / name / "log.jsonl"
+    if not log.is_file():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
 
 
 def table() -> None:
-    print("| run | steps | recall at 2x L (512 tokens) | recall at 8x L (2,048 tokens) |")
-    print("|---|---:|---:|---:|")
+    """Each branch's last evaluation (the step it was at) and its prefix's recall from one
+    128-token segment at the prefix's end."""
+    print("| run | from | prefix recall, 1 x 128 | steps | recall at 2x L (512 tokens) ", end="")
+    print("| recall at 8x L (2,048 tokens) |")
+    print("|---|---|---:|---:|---:|---:|")
     for name in variants():
-        log = OUT / name / "log.jsonl"
-        evals = (
-            [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
-            if log.is_file()
-            else []
-        )
-        if not evals:
-            print(f"| {name} | - | not run | not run |")
+        prefix = prefix_of(name)
+        if prefix is None:
             continue
-        last = evals[-1]
+        start = evals(prefix)
+        start_recall = f"{start[-1]['eval_exact']['1']:.2f}" if start else "not run"
+        own = evals(name)
+        if not own:
+            print(f"| {name} | {prefix} | {start_recall} | - | not run | not run |")
+            continue
+        last = own[-1]
         short, long = sorted(last["eval_exact"].items(), key=lambda kv: int(kv[0]))
-        print(f"| {name} | {last['step']} | {short[1]:.2f} | {long[1]:.2f} |")
+        print(f"| {name} | {prefix} | {start_recall} | {last['step']} | {short[1]:.2f} | {long[1]:.2f} |")
 
 
 def cost(log: Path) -> None:
@@ -194,18 +261,23 @@ def cost(log: Path) -> None:
     print(f"all: at least {total / 3600:.1f} h of step time")
 
 
-if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else "table"
-    if command == "configs":
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("command", nargs="?", default="table", choices=("configs", "run", "table", "cost"))
+    parser.add_argument("names", nargs="*", help="run: these runs (default: all, in order); cost: a log")
+    parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
+    args = parser.parse_intermixed_args()
+    if args.command == "configs":
         for name, path in write_configs().items():
             print(name, path)
-    elif command == "run":
-        run(sys.argv[2:])
-    elif command == "table":
+    elif args.command == "run":
+        run(args.names, args.threads)
+    elif args.command == "table":
         table()
-    elif command == "cost":
-        cost(
-            Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
-        )
     else:
-        sys.exit(__doc__)
+        default = ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
+        cost(Path(args.names[0]) if args.names else default)
+
+
+if __name__ == "__main__":
+    main()

@@ -472,29 +472,63 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
 
 
 def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_they_ablate(tmp_path):
+    """Prefixes (one per memory placement) and the branches that start from them: every branch
+    trains the same steps from its own prefix's adapter with the same memory placement; the
+    segment-length branches all start from the default placement's prefix."""
     module = load_script("train_ablations")
     configs = {}
     for name, text in module.variants().items():
         (tmp_path / f"{name}.toml").write_text(text)
         configs[name] = load_config(tmp_path / f"{name}.toml")
+    prefixes = {n: c for n, c in configs.items() if module.prefix_of(n) is None}
+    branches = {n: c for n, c in configs.items() if module.prefix_of(n) is not None}
+    assert set(prefixes) == {f"prefix-{p}" for p in ("spread", "low", "middle", "high", "all")}
+    assert len(branches) == 8
     base = configs["layers-spread"]
     assert base.backbone == "lora" and base.norm_inputs and base.write_source == "segment"
-    assert {c.total_steps for c in configs.values()} == {base.total_steps}  # equal compute
+    assert {c.total_steps for c in prefixes.values()} == {500}  # equal compute
+    assert {c.total_steps for c in branches.values()} == {300}
+    for name, config in branches.items():
+        prefix = module.prefix_of(name)
+        assert config.init == f"runs/ablations/{prefix}/adapter.safetensors"
+        assert config.memory_layers == configs[prefix].memory_layers
+        assert config.stages[0].name == "length" and len(config.stages) == 1
+    assert [s.name for s in configs["prefix-low"].stages] == [
+        "bootstrap-1",
+        "bootstrap-3",
+        "bootstrap-7",
+        "position",
+    ]
+    assert {module.prefix_of(n) for n in branches if n.startswith("segment-")} == {"prefix-spread"}
     assert (
         configs["layers-low"].memory_layers == (0, 1, 2, 3, 4, 5)
         and len(configs["layers-all"].memory_layers) == 30
     )
-    last = {name: c.stages[-1] for name, c in configs.items()}
+    last = {name: c.stages[-1] for name, c in branches.items()}
     assert last["segment-fixed-64"].segment_len * max(last["segment-fixed-64"].segments) == 256
     assert (
         last["segment-stochastic-0.75"].short_segment_len == 64
         and last["segment-stochastic-0.75"].p_short == 0.75
     )
+    # Apart from what each ablates, a branch's config is the fixed-128 branch's.
+    stage = last["layers-spread"]
+    assert last["segment-stochastic-0.5"] == replace(stage, short_segment_len=64, p_short=0.5)
+    assert replace(configs["layers-low"], memory_layers=base.memory_layers, init=base.init) == base
+
+
+def test_ablation_branch_refuses_to_start_before_its_prefix_finished(tmp_path, monkeypatch, capsys):
+    module = load_script("train_ablations")
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    with pytest.raises(SystemExit, match="prefix-low, which has not finished"):
+        module.run(["layers-low"], threads=1)
+    with pytest.raises(SystemExit, match="no ablation run 'layers-sideways'"):
+        module.run(["layers-sideways"], threads=1)
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
-    """`train_ablations.py cost`: 300 steps of 1 x 64, 200 of 1 x 128 and 300 of 2 x 128 at the
-    log's medians (1, 2 and 3 s); a shape the log never ran is counted, not priced."""
+    """`train_ablations.py cost`: a prefix is 300 steps of 1 x 64 and 200 of 1 x 128, a branch 300
+    of 2 x 128, at the log's medians (1, 2 and 3 s); a shape the log never ran is counted, not
+    priced."""
     module = load_script("train_ablations")
     log = tmp_path / "log.jsonl"
     shapes = [
@@ -511,9 +545,9 @@ def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, ca
     )
     module.cost(log)
     out = capsys.readouterr().out
-    hours = (300 * 1.0 + 200 * 2.0 + 300 * 3.0) / 3600
-    assert f"layers-spread: 800 steps, {hours:.1f} h\n" in out
-    assert "segment-fixed-64: 800 steps" in out and "300 steps of shapes the log never ran" in out
+    assert f"prefix-spread: 500 steps, {(300 * 1.0 + 200 * 2.0) / 3600:.1f} h\n" in out
+    assert f"layers-spread: 300 steps, {300 * 3.0 / 3600:.1f} h\n" in out
+    assert "segment-fixed-64: 300 steps" in out and "300 steps of shapes the log never ran" in out
 
 
 def test_cli_train_errors_are_one_line(tmp_path):
