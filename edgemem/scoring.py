@@ -49,6 +49,16 @@ def token_f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def near_miss(prediction: str, gold: str, slack: int = 2) -> bool:
+    """Whether the answer's first len(gold) digits hold all but at most `slack` of the gold number's
+    digits in place: a recall that found the needle but lost digits (an error analysis, not a score)."""
+    digits = "".join(ch for ch in prediction if ch.isdigit())[: len(gold)]
+    return (
+        len(digits) == len(gold)
+        and sum(a == b for a, b in zip(digits, gold, strict=True)) >= len(gold) - slack
+    )
+
+
 def _contains_word(text: str, word: str) -> bool:
     return re.search(rf"(?<![\w]){re.escape(word)}(?![\w])", text) is not None
 

@@ -24,13 +24,7 @@ from pathlib import Path
 from edgemem.armt import tokenize_stream
 from edgemem.data.tasks import Builder
 from edgemem.models import load_tokenizer
-
-
-def near(prediction: str, gold: str) -> bool:
-    digits = "".join(ch for ch in prediction if ch.isdigit())[: len(gold)]
-    return (
-        len(digits) == len(gold) and sum(a == b for a, b in zip(digits, gold, strict=True)) >= len(gold) - 2
-    )
+from edgemem.scoring import near_miss
 
 
 def main() -> None:
@@ -63,7 +57,7 @@ def main() -> None:
             cell[0] += 1
             for k, run in enumerate(runs):
                 cell[1 + 2 * k] += run[i]["correct"]
-                cell[2 + 2 * k] += near(run[i]["prediction"], run[i]["gold"][0])
+                cell[2 + 2 * k] += near_miss(run[i]["prediction"], run[i]["gold"][0])
     print(f"{len(shared)} items in every file; per file: correct / 5+ of 7 digits in place")
     for k, f in enumerate(args.files):
         print(f"  [{k}] {f}")

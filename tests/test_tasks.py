@@ -13,7 +13,7 @@ from edgemem.data import tasks
 from edgemem.data.tasks import Builder, gives_type_away, normalize_type
 from edgemem.errors import EdgememError
 from edgemem.models import load_tokenizer
-from edgemem.scoring import score, type_answer
+from edgemem.scoring import near_miss, score, type_answer
 
 LICENSES = Path("/usr/share/common-licenses")
 EDGEMEM_SRC = Path(tasks.__file__).parents[1]
@@ -222,6 +222,14 @@ def test_scoring_on_hand_made_cases():
     assert type_answer("Optional[int]` because") == "Optional[int]"
     assert score("types", "int | None`.", ["Optional[int]"]).correct
     assert not score("types", "str`", ["int"]).correct
+
+
+def test_a_near_miss_keeps_all_but_two_digits_in_place():
+    assert near_miss("The code is 1234599.", "1234567")  # two digits off
+    assert not near_miss("1239999", "1234567")  # three off
+    assert not near_miss("123456", "1234567")  # a digit short: the rest are out of place
+    assert not near_miss("no number", "1234567")
+    assert near_miss("12 34 567", "1234567")  # digits are read in order, whatever sits between
 
 
 def test_types_items_come_from_the_code_corpora_and_the_others_from_prose(builder):
