@@ -26,6 +26,7 @@ import torch
 from edgemem.armt import (
     ARMT,
     MemoryState,
+    answer_state,
     generate_ids,
     iter_segments,
     prompt_ids,
@@ -347,7 +348,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class ARMTMethod:
-    """edgemem: ingest the context through memory, answer with the tail and the question."""
+    """edgemem: ingest the context through memory, write its tail too, answer with the tail and the
+    question (as `edgemem ask` does)."""
 
     name = "armt"
 
@@ -372,8 +374,11 @@ class ARMTMethod:
         out: list[Prediction] = []
         for item, done in zip(items, self.cache.ingest_many(contexts), strict=True):
             prompt = chat_prompt(self.tokenizer, done.tail, item.question, item.answer_prefix)
-            answer = list(generate_ids(self.armt, done.state, prompt, self.stop_ids, max_new_tokens))
-            computed = done.stepped * self.armt.config.segment_len + len(prompt) + len(answer)
+            state = answer_state(self.armt, done.state, done.tail)
+            answer = list(generate_ids(self.armt, state, prompt, self.stop_ids, max_new_tokens))
+            computed = (
+                done.stepped * self.armt.config.segment_len + len(done.tail) + len(prompt) + len(answer)
+            )
             memory = done.state.nbytes() + (len(prompt) + len(answer)) * self.kv_per_token
             out.append(Prediction(_decode(self.tokenizer, answer), computed, memory))
         return out

@@ -89,16 +89,20 @@ def answer(runtime: Runtime, doc: IngestResult, question: str, **generation: Any
     """Stream the answer to `question` about an ingested document through any backend.
 
     A runtime whose model has a question format of its own (SWAX byte models) says so with
-    `answer_prompt(tail_ids, question) -> (prompt ids, stop ids)`; the others get the chat prompt."""
-    from edgemem.armt import prompt_ids, stop_token_ids, stream_text
+    `answer_prompt(tail_ids, question) -> (prompt ids, stop ids)` (its recurrence reads the tail
+    in the prompt); the others write the tail into memory first (`armt.answer_state`) and get the
+    chat prompt."""
+    from edgemem.armt import answer_state, prompt_ids, stop_token_ids, stream_text
 
     own_prompt = getattr(runtime, "answer_prompt", None)
     if own_prompt is not None:
+        state = doc.state
         prompt, stop_ids = own_prompt(doc.tail_ids, question)
     else:
+        state = answer_state(runtime, doc.state, doc.tail_ids)
         prompt = prompt_ids(runtime.tokenizer, doc.tail_ids, question)
         stop_ids = stop_token_ids(runtime.tokenizer)
-    ids = runtime.generate_ids(doc.state, prompt, stop_ids, **generation)
+    ids = runtime.generate_ids(state, prompt, stop_ids, **generation)
     return stream_text(runtime.tokenizer, ids)
 
 
@@ -273,6 +277,28 @@ class BundleEngine:
     def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
         raise NotImplementedError
 
+    def partial_segments(self) -> bool:
+        """Whether the step graph takes 1..S tokens (an answer writes the document's tail) and not
+        only whole S-token segments (bundles exported before answers wrote the tail)."""
+        raise NotImplementedError
+
+    def _segment_ids(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """ids [n] or [1, n] -> [1, n] int64, refused in one line where the step graph cannot take n."""
+        out = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        n, S = out.shape[1], self.manifest.segment_len
+        if n == S:
+            return out
+        partial = self.partial_segments()
+        if partial and 1 <= n < S:
+            return out
+        if partial or not 1 <= n < S:
+            what = f"segments of 1..{S}" if partial else f"whole segments of {S}"
+            raise EdgememError(f"engine {self.root} steps {what} tokens, not {n}")
+        raise EdgememError(
+            f"engine {self.root} steps only whole segments of {S} tokens (it predates answers that "
+            "write the tail); export it again"
+        )
+
     def forward(
         self, ids: Sequence[int] | np.ndarray, past: list[Any], state: NumpyState
     ) -> tuple[np.ndarray, list[Any]]:
@@ -346,7 +372,9 @@ class OrtEngine(BundleEngine):
             )
         prefix = "state_in." if graph == STEP_GRAPH else "state."
         bad = [n for n, shape in m.state_shapes.items() if inputs.get(prefix + n) != shape]
-        if graph == STEP_GRAPH and inputs["input_ids"] != [1, m.segment_len]:
+        ids = inputs["input_ids"]
+        # [1, S] (whole segments only: an older export) or [1, tokens] (1..S: a tail too)
+        if graph == STEP_GRAPH and not (ids[0] == 1 and (ids[1] == m.segment_len or isinstance(ids[1], str))):
             bad.append("input_ids")
         if bad:
             raise EdgememError(
@@ -357,13 +385,18 @@ class OrtEngine(BundleEngine):
     def close(self) -> None:
         self._sessions.clear()
 
+    def partial_segments(self) -> bool:
+        shapes = {i.name: i.shape for i in self.session(STEP_GRAPH).get_inputs()}
+        return not isinstance(shapes["input_ids"][1], int)
+
     # ----- the contract -----
 
     def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
-        """One segment: ids [S] or [1, S] (S = the bundle's segment length) -> the new state."""
+        """One segment: ids [n] or [1, n], n = S (the bundle's segment length), or 1..S for a tail
+        -> the new state."""
         session = self.session(STEP_GRAPH)
         feed = self._state_feed(state, "state_in.")
-        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        feed["input_ids"] = self._segment_ids(ids)
         outputs = session.run(None, feed)
         return dict(zip(self.manifest.state_shapes, outputs, strict=True))
 
@@ -475,6 +508,10 @@ class TrtEngine(BundleEngine):
     def close(self) -> None:
         self._contexts.clear()
 
+    def partial_segments(self) -> bool:
+        engine, _ = self.session(STEP_GRAPH)
+        return engine.get_tensor_shape("input_ids")[1] == -1
+
     def _address(self, tensor: torch.Tensor) -> int:
         if tensor.numel():
             return tensor.data_ptr()
@@ -518,9 +555,9 @@ class TrtEngine(BundleEngine):
         return outputs
 
     def step(self, ids: Sequence[int] | np.ndarray, state: NumpyState) -> NumpyState:
-        """One segment: ids [S] or [1, S] -> the new state (on the host)."""
+        """One segment: ids [n] or [1, n] (as `OrtEngine.step`) -> the new state (on the host)."""
         feed: dict[str, Any] = self._state_feed(state, "state_in.")
-        feed["input_ids"] = np.asarray(ids, dtype=np.int64).reshape(1, -1)
+        feed["input_ids"] = self._segment_ids(ids)
         outputs = self._run(STEP_GRAPH, feed)
         return {n: t.float().cpu().numpy() for n, t in zip(self.manifest.state_shapes, outputs, strict=True)}
 

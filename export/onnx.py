@@ -63,7 +63,8 @@ def _state(armt: ARMT, tensors: tuple[Tensor, ...]) -> MemoryState:
 
 
 class SegmentStepGraph(nn.Module):
-    """input_ids [1, S], state tensors -> new state tensors (same names and shapes)."""
+    """input_ids [1, n] (n = S, or 1..S for a document's tail), state tensors -> new state tensors
+    (same names and shapes)."""
 
     def __init__(self, armt: ARMT) -> None:
         super().__init__()
@@ -128,13 +129,19 @@ def _export(
 
 def export_step(armt: ARMT, path: Path) -> GraphSpec:
     """Write segment_step.onnx; returns its spec (file name relative to the bundle)."""
+    from torch.export import Dim
+
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, armt.base.config.vocab_size, (1, armt.config.segment_len), generator=g)
     names = state_names(armt)
     inputs = ["input_ids"] + [f"state_in.{n}" for n in names]
     outputs = [f"state_out.{n}" for n in names]
+    state = _example_state(armt, g)
+    # 1..S tokens: whole segments at ingest, the document's tail before an answer (`answer_state`)
+    tokens = Dim("tokens", min=1, max=armt.config.segment_len)
+    dynamic = {"input_ids": {1: tokens}, "state": tuple({} for _ in state)}
     with torch.no_grad():
-        _export(SegmentStepGraph(armt), (ids, _example_state(armt, g)), None, (inputs, outputs), path)
+        _export(SegmentStepGraph(armt), (ids, state), dynamic, (inputs, outputs), path)
     return GraphSpec(path.name, inputs, outputs)
 
 

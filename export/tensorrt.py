@@ -5,7 +5,8 @@ tensorrt-rtx-cu13`): TensorRT-RTX builds engines without a GPU for a compute cap
 here; running one needs that GPU. The plans are written into the bundle's `tensorrt/` folder and
 listed in its manifest (`tensorrt`: graph -> plan path), next to the ONNX graphs they come from.
 
-Optimisation profiles: the segment step has static shapes ([1, S]); the answer graph gets one
+Optimisation profiles: the segment step gets input_ids [1, 1..S] (opt S: ingest; fewer for a
+document's tail before an answer), its state static; the answer graph gets one
 profile with input_ids [1, 1..S + answer budget] (opt S: the prefill) and past [1, H, 0..max, hd]
 (opt S: a decode step after the prefill). Precision follows the graph's types (TensorRT-RTX
 networks are strongly typed): these are the float32 graphs; fp16/bf16 engines need fp16/bf16
@@ -66,8 +67,9 @@ def build_plan(
 ) -> int:
     """Parse one ONNX graph and write its serialized engine; returns its size in bytes.
 
-    shapes: per dynamic input (min, opt, max). target: a compute capability name ('SM89') for a
-    build without a GPU (TensorRT-RTX), or None for the GPU of this machine.
+    shapes: per dynamic input (min, opt, max); inputs the graph has static are left out. target: a
+    compute capability name ('SM89') for a build without a GPU (TensorRT-RTX), or None for the GPU
+    of this machine.
     """
     logger = trt.Logger(trt.Logger.ERROR)
     builder = trt.Builder(logger)
@@ -85,6 +87,12 @@ def build_plan(
             raise EdgememError(f"unknown compute capability {target!r}: use one of {', '.join(known[2:])}")
         config.num_compute_capabilities = 1
         config.set_compute_capability(trt.ComputeCapability.__members__[target], 0)
+    dynamic = {
+        network.get_input(i).name
+        for i in range(network.num_inputs)
+        if -1 in tuple(network.get_input(i).shape)
+    }
+    shapes = {name: shape for name, shape in shapes.items() if name in dynamic}  # an older static graph: none
     if shapes:
         profile = builder.create_optimization_profile()
         for name, (low, opt, high) in shapes.items():
@@ -100,6 +108,12 @@ def build_plan(
         os.fsync(handle.fileno())
     os.replace(tmp, plan_path)
     return plan_path.stat().st_size
+
+
+def step_profile(manifest) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
+    """Profile of the segment step: input_ids [1, 1..S] (opt S: ingest; a tail before an answer)."""
+    S = manifest.segment_len
+    return {"input_ids": ((1, 1), (1, S), (1, S))}
 
 
 def answer_profile(manifest) -> dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]:
@@ -130,7 +144,7 @@ def build_engines(
         target = DEFAULT_TARGET
     (root / "tensorrt").mkdir(exist_ok=True)
     plans = {}
-    for graph, shapes in ((STEP_GRAPH, {}), (ANSWER_GRAPH, answer_profile(manifest))):
+    for graph, shapes in ((STEP_GRAPH, step_profile(manifest)), (ANSWER_GRAPH, answer_profile(manifest))):
         relative = f"tensorrt/{graph}.plan"
         log(f"building the TensorRT engine of {graph}...")
         build_plan(trt, root / manifest.graphs[graph].file, root / relative, shapes, target)

@@ -8,6 +8,7 @@ from edgemem.armt import (
     ARMT,
     ARMTConfig,
     MemoryLayer,
+    answer_state,
     default_memory_layers,
     generate_ids,
     ingest,
@@ -167,6 +168,23 @@ def test_generation_is_bounded_and_greedy_is_deterministic():
     assert len(first) == 7 and first == run()
     sampled = list(generate_ids(armt, doc.state, doc.tail_ids, set(), 7, temperature=1.0, seed=3))
     assert len(sampled) == 7
+
+
+def test_an_answer_reads_the_memory_with_the_tail_written_as_one_more_partial_segment():
+    """The tail stays in the prompt and is also written first: the answer is generated from the
+    state after one more step on the tail's 1..S ids, not from the ingested state."""
+    armt = make("llama")
+    randomise_memory(armt)
+    doc = ingest(armt, [torch.randint(0, VOCAB, (41,)).tolist()])  # 3 segments of 12, a tail of 5
+    assert len(doc.tail_ids) == 5 and doc.state.writes == 3
+    written = answer_state(armt, doc.state, doc.tail_ids)
+    with torch.inference_mode():
+        expected, _ = armt.step(torch.tensor([doc.tail_ids]), doc.state)
+    assert written.writes == 4
+    for name, tensor in written.named_tensors().items():
+        assert torch.equal(tensor, expected.named_tensors()[name])
+        assert not torch.equal(tensor, doc.state.named_tensors()[name])  # the tail changed the memory
+    assert answer_state(armt, doc.state, []) is doc.state  # nothing left to write
 
 
 def test_adapter_round_trip(tmp_path):

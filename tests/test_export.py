@@ -27,7 +27,7 @@ from edgemem.assistant import Assistant
 from edgemem.cli import app
 from edgemem.documents import iter_text, scan
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import MANIFEST, check_fits, read_manifest
+from edgemem.export.bundle import MANIFEST, check_fits, read_manifest, sha256_file
 from edgemem.export.quantize import quantize_bundle
 from edgemem.runtime import OrtEngine, OrtOptions, TorchRuntime, open_engine
 from edgemem.store import Library
@@ -242,12 +242,53 @@ def test_engine_with_a_damaged_memory_config_is_refused_in_one_line(tiny, tmp_pa
 
 
 def test_graph_that_disagrees_with_its_manifest_is_refused(tiny, tmp_path):
-    def wrong_segment(data):
-        data["segment_len"] = SEGMENT * 2
+    def wrong_memory(data):
+        data["state_shapes"]["layers.2.A"] = [1, 48, 64]
 
-    engine = OrtEngine(edited_copy(tiny, tmp_path, wrong_segment))
+    engine = OrtEngine(edited_copy(tiny, tmp_path, wrong_memory))
     with pytest.raises(EdgememError, match="expects other shapes than its manifest"):
         engine.step([3] * SEGMENT, engine.empty_state())
+
+
+def test_ort_steps_a_tail_of_1_to_s_tokens_as_torch_does(tiny, torch_assistant):
+    """The step graph takes 1..S tokens: an answer writes the document's tail (`answer_state`)."""
+    torch_rt, ort_rt = torch_assistant.runtime, open_engine(tiny["bundle"])
+    assert ort_rt.engine.partial_segments()
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 5, SEGMENT - 1):
+        ids = torch.randint(0, 96, (1, n), generator=g)
+        with torch.inference_mode():
+            a, _ = torch_rt.step(ids, torch_rt.step(random_segments(1)[0], torch_rt.empty_state())[0])
+            b, _ = ort_rt.step(ids, ort_rt.step(random_segments(1)[0], ort_rt.empty_state())[0])
+        for name, tensor in a.named_tensors().items():
+            torch.testing.assert_close(b.named_tensors()[name], tensor, rtol=1e-4, atol=1e-6)
+    with pytest.raises(EdgememError, match=f"steps segments of 1..{SEGMENT} tokens, not {SEGMENT + 1}"):
+        ort_rt.engine.step([3] * (SEGMENT + 1), ort_rt.engine.empty_state())
+
+
+def test_a_bundle_exported_for_whole_segments_only_refuses_a_tail_in_one_line(tiny, tmp_path):
+    """Bundles exported before answers wrote the tail declare input_ids [1, S]: they still ingest,
+    and an answer over a document with a tail says to export again."""
+    import onnx
+
+    copy = tmp_path / "old"
+    shutil.copytree(tiny["bundle"], copy)
+    step = copy / "segment_step.onnx"
+    graph = onnx.load(str(step), load_external_data=False)
+    graph.graph.input[0].type.tensor_type.shape.dim[1].dim_value = SEGMENT  # as the old export wrote it
+    onnx.save(graph, str(step))
+    data = json.loads((copy / MANIFEST).read_text())
+    data["graphs"]["segment_step"]["size"] = step.stat().st_size
+    data["graphs"]["segment_step"]["sha256"] = sha256_file(step)
+    (copy / MANIFEST).write_text(json.dumps(data))
+    engine = OrtEngine(copy)
+    assert not engine.partial_segments()
+    state = engine.step([3] * SEGMENT, engine.empty_state())  # whole segments: as before
+    with pytest.raises(EdgememError, match="predates answers that write the tail\); export it again"):
+        engine.step([3] * 5, state)
+    doc = tmp_path / "d.txt"
+    doc.write_text(TEXT)
+    assert_one_line_error(run("ask", doc, "q?", "--engine", copy), "export it again")
 
 
 def test_ask_engine_user_errors_are_one_line(tiny, tmp_path):
