@@ -81,15 +81,27 @@ def adapter_id(model: str, adapter: str | None) -> str:
     return sha256_file(path)[:16]
 
 
+# How armt answers, recorded on its lines: since the tail is written before answering
+# (`armt.answer_state`), lines without it are an older answer path and run again.
+ARMT_ANSWER = "tail-written"
+
+
+def memory_key(record: dict) -> str:
+    """Which memory, answered how, made an armt line: its adapter id, plus `+<answer>` where the line
+    records one (lines before the tail was written record none)."""
+    answer = record.get("answer")
+    return record.get("adapter", UNTRAINED) + (f"+{answer}" if answer else "")
+
+
 def _done_ids(path: Path, adapter: str | None = None) -> set[str]:
-    """Ids already in a results file (for armt, `adapter` given: only those run with that memory)."""
+    """Ids already in a results file (for armt, `adapter` given: only those with that `memory_key`)."""
     if not path.is_file():
         return set()
     done = set()
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
-            if adapter is None or record.get("adapter", UNTRAINED) == adapter:
+            if adapter is None or memory_key(record) == adapter:
                 done.add(record["id"])
         except (json.JSONDecodeError, KeyError, AttributeError):
             continue  # a line cut by a kill: that item runs again
@@ -156,7 +168,7 @@ def run(
     label = method_label(method, engine)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
-    done = _done_ids(path, memory)
+    done = _done_ids(path, memory and f"{memory}+{ARMT_ANSWER}")
     corpora_id = None  # items passed in come from elsewhere: their corpora are not ours to name
     if items is None:
         builder = Builder(load_tokenizer(model))
@@ -208,7 +220,7 @@ def run(
                         "depth": item.meta.get("depth"),
                     }
                     if memory is not None:
-                        record["adapter"] = memory
+                        record["adapter"], record["answer"] = memory, ARMT_ANSWER
                     if runner.dtype is not None:
                         record["dtype"] = runner.dtype
                     if corpora_id is not None:
@@ -234,8 +246,8 @@ def _kv_per_token(runner: object) -> int:
 
 def load_records(results: Path) -> list[dict]:
     """Every result line. armt lines are labelled by their memory: `armt-untrained` for the fresh
-    one, `armt` for the trained adapter of the file's latest trained line; lines of older adapters
-    are left out."""
+    one, `armt` for the `memory_key` (trained adapter, answer path) of the file's latest trained
+    line; lines of older adapters or answer paths are left out (the fresh memory's: its latest)."""
     records = []
     for path in sorted(results.glob("*/*.jsonl")):
         lines = []
@@ -244,17 +256,16 @@ def load_records(results: Path) -> list[dict]:
                 lines.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-        trained = [
-            r.get("adapter")
-            for r in lines
-            if r.get("method") == "armt" and r.get("adapter", UNTRAINED) != UNTRAINED
-        ]
+        armt = [r for r in lines if r.get("method") == "armt"]
+        trained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) != UNTRAINED]
+        untrained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) == UNTRAINED]
         for r in lines:
             if r.get("method") == "armt":
-                memory = r.get("adapter", UNTRAINED)
-                if memory == UNTRAINED:
+                if r.get("adapter", UNTRAINED) == UNTRAINED:
+                    if memory_key(r) != untrained[-1]:
+                        continue
                     r = {**r, "method": "armt-untrained"}
-                elif memory != trained[-1]:
+                elif memory_key(r) != trained[-1]:
                     continue
             records.append(r)
     return records

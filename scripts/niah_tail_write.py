@@ -6,8 +6,10 @@ beside the question; the shipped adapter then answers 0 of 14 tail needles (`nia
 Its recall stages always wrote the needle into memory and answered from memory. This probe
 answers each niah test item twice from the same ingest, side by side in one process:
 
-- `as shipped`: the state after the full segments, the tail in the prompt;
-- `tail written`: one more (partial) segment step on the tail first, the tail still in the prompt.
+- `tail unwritten` (edgemem's answers before `armt.answer_state`): the state after the full
+  segments, the tail in the prompt;
+- `tail written` (edgemem's answers since): one more (partial) segment step on the tail first,
+  the tail still in the prompt.
 
 It runs every item whose needle sits in the tail and the first `--written` items per length whose
 needle was written (deepest first, as `edgemem eval` orders them), and prints correct answers and
@@ -83,7 +85,7 @@ def main() -> None:
                 cell[2 + 2 * k] += near_miss(text, item.answers[0])
             print(f"{item.id} {where:7s} gold {item.answers[0]}: {texts[0]!r} | {texts[1]!r}", flush=True)
     print(f"{time.perf_counter() - start:.0f} s; correct / 5+ of 7 digits in place:")
-    print("           items  as shipped  tail written")
+    print("           items  unwritten   tail written")
     total: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
     for (length, where), cell in counts.items():
         total[where] = [a + b for a, b in zip(total[where], cell, strict=True)]

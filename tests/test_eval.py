@@ -13,6 +13,7 @@ from edgemem.armt import ingest
 from edgemem.cli import app
 from edgemem.errors import EdgememError
 from edgemem.evaluate import (
+    ARMT_ANSWER,
     TABLE_BEGIN,
     TABLE_END,
     UNTRAINED,
@@ -150,6 +151,15 @@ def test_armt_lines_are_kept_apart_by_the_memory_that_made_them(tmp_path):
     assert _done_ids(path, "3333") == set()
     rows = summarize(load_records(tmp_path))
     assert [(r["method"], r["accuracy"]) for r in rows] == [("armt", 1.0), ("armt-untrained", 0.0)]
+    # The answer path is part of the memory: lines from before the tail was written run again,
+    # and once the file has lines of the new path, they alone are the armt row.
+    assert _done_ids(path, f"2222+{ARMT_ANSWER}") == set()
+    new = {**_record("armt", 1024, False), "id": "a", "adapter": "2222", "answer": ARMT_ANSWER}
+    with path.open("a") as out:
+        out.write(json.dumps(new) + "\n")
+    assert _done_ids(path, f"2222+{ARMT_ANSWER}") == {"a"} and _done_ids(path, "2222") == {"a"}
+    rows = summarize(load_records(tmp_path))
+    assert [(r["method"], r["accuracy"]) for r in rows] == [("armt", 0.0), ("armt-untrained", 0.0)]
     adapter = tmp_path / "a.safetensors"
     adapter.write_bytes(b"x")
     assert adapter_id("smollm2-135m-instruct", str(adapter)) == "2d711642b726b044"

@@ -284,7 +284,7 @@ def test_a_bundle_exported_for_whole_segments_only_refuses_a_tail_in_one_line(ti
     engine = OrtEngine(copy)
     assert not engine.partial_segments()
     state = engine.step([3] * SEGMENT, engine.empty_state())  # whole segments: as before
-    with pytest.raises(EdgememError, match="predates answers that write the tail\); export it again"):
+    with pytest.raises(EdgememError, match=r"predates answers that write the tail\); export it again"):
         engine.step([3] * 5, state)
     doc = tmp_path / "d.txt"
     doc.write_text(TEXT)
