@@ -525,6 +525,19 @@ def test_ablation_branch_refuses_to_start_before_its_prefix_finished(tmp_path, m
         module.run(["layers-sideways"], threads=1)
 
 
+def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, capsys):
+    module = load_script("train_loss_table")
+    log = tmp_path / "log.jsonl"
+    lines = [{"step": s, "stage": "a" if s <= 2 else "b", "loss": float(s)} for s in (1, 2, 3, 4, 5)]
+    lines.insert(2, {"step": 2, "stage": "a", "eval_exact": {"1": 0.5, "4": 0.25}})
+    log.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert module.stages(log) == {"a": (1, 2, 1.5), "b": (3, 5, 4.0)}
+    module.main([str(log)])
+    out = capsys.readouterr().out
+    assert "| a | 1.50 (steps 1-2) |" in out and "| b | 4.00 (steps 3-5) |" in out
+    assert "step 2: 0.50 / 0.25 at 1, 4 segments" in out
+
+
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
     """`train_ablations.py cost`: a prefix is 300 steps of 1 x 64 and 200 of 1 x 128, a branch 300
     of 2 x 128, at the log's medians (1, 2 and 3 s); a shape the log never ran is counted, not

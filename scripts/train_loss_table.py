@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Training logs side by side: each stage's mean loss over the steps a log holds, and its
+held-out evaluations, one column per log.
+
+    python scripts/train_loss_table.py docs/train/gemma3-270m/log.jsonl docs/train/smollm2-135m/log.jsonl
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def stages(log: Path) -> dict[str, tuple[int, int, float]]:
+    """stage -> (first step, last step, mean loss) over the log's step lines, in order."""
+    seen: dict[str, list[tuple[int, float]]] = {}
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if "loss" in record:
+            seen.setdefault(record["stage"], []).append((record["step"], record["loss"]))
+    return {
+        name: (steps[0][0], steps[-1][0], sum(loss for _, loss in steps) / len(steps))
+        for name, steps in seen.items()
+    }
+
+
+def evaluations(log: Path) -> list[str]:
+    out = []
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if "eval_exact" in record:
+            cells = " / ".join(f"{v:.2f}" for v in record["eval_exact"].values())
+            out.append(f"step {record['step']}: {cells} at {', '.join(record['eval_exact'])} segments")
+    return out
+
+
+def main(paths: list[str]) -> None:
+    if not paths:
+        sys.exit(__doc__)
+    logs = [Path(p) for p in paths]
+    tables = [stages(log) for log in logs]
+    names = list(dict.fromkeys(name for table in tables for name in table))
+    print("| stage | " + " | ".join(str(log) for log in logs) + " |")
+    print("|---|" + "---:|" * len(logs))
+    for name in names:
+        cells = [f"{t[name][2]:.2f} (steps {t[name][0]}-{t[name][1]})" if name in t else "-" for t in tables]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    for log in logs:
+        print(f"\n{log}: held-out exact recall")
+        for line in evaluations(log):
+            print(f"  {line}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
