@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING
 
 from edgemem.data.tasks import LENGTHS, Builder, Item
 from edgemem.errors import EdgememError
-from edgemem.scoring import score
+from edgemem.scoring import Score, score
 
 if TYPE_CHECKING:
     import torch
+
+    from edgemem.methods import Prediction
 
 DEFAULT_RESULTS = Path("docs/eval")
 # The adapter of armt lines run with a fresh memory (and of lines from before it was recorded).
@@ -197,35 +199,14 @@ def run(
                 else:
                     predictions = runner.predict_batch(group, MAX_NEW_TOKENS[task])  # type: ignore[attr-defined]
                 seconds = (time.perf_counter() - start) / len(group)
+                extra = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
+                extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
+                extra |= {"corpora": corpora_id} if corpora_id is not None else {}
                 for item, pred in zip(group, predictions, strict=True):
                     sc = score(task, pred.text, item.answers)
-                    record = {
-                        "id": item.id,
-                        "task": task,
-                        "length": length,
-                        "method": label,
-                        "model": model,
-                        "prediction": pred.text,
-                        "gold": item.answers,
-                        "correct": sc.correct,
-                        "score": round(sc.score, 4),
-                        "em": sc.em,
-                        "tokens": item.tokens,
-                        "computed_tokens": pred.processed_tokens,
-                        "seconds": round(seconds, 3),
-                        "batch": len(group),
-                        "peak_rss_mb": round(peak_rss_mb(), 1),
-                        "memory_mb": round(pred.memory_bytes / 2**20, 2),
-                        "kv_full_mb": round(item.tokens * _kv_per_token(runner) / 2**20, 2),
-                        "depth": item.meta.get("depth"),
-                    }
-                    if memory is not None:
-                        record["adapter"], record["answer"] = memory, ARMT_ANSWER
-                    if runner.dtype is not None:
-                        record["dtype"] = runner.dtype
-                    if corpora_id is not None:
-                        record["corpora"] = corpora_id
-                    out.write(json.dumps(record) + "\n")
+                    record = result_record(item, pred, sc, model, label, seconds, len(group))
+                    record["kv_full_mb"] = round(item.tokens * _kv_per_token(runner) / 2**20, 2)
+                    out.write(json.dumps(record | extra) + "\n")
                     out.flush()
                     os.fsync(out.fileno())
                     ran += 1
@@ -235,6 +216,31 @@ def run(
                         f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
                     )
     return RunReport(path, ran, skipped, correct)
+
+
+def result_record(
+    item: Item, pred: Prediction, sc: Score, model: str, label: str, seconds: float, batch: int
+) -> dict:
+    """One results line: the item, the prediction and its score, and what it cost."""
+    return {
+        "id": item.id,
+        "task": item.task,
+        "length": item.length,
+        "method": label,
+        "model": model,
+        "prediction": pred.text,
+        "gold": item.answers,
+        "correct": sc.correct,
+        "score": round(sc.score, 4),
+        "em": sc.em,
+        "tokens": item.tokens,
+        "computed_tokens": pred.processed_tokens,
+        "seconds": round(seconds, 3),
+        "batch": batch,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "memory_mb": round(pred.memory_bytes / 2**20, 2),
+        "depth": item.meta.get("depth"),
+    }
 
 
 def _kv_per_token(runner: object) -> int:
