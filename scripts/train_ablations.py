@@ -3,7 +3,7 @@
 
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [--threads N] [NAME ...]   # train them in order (resumable)
-    python scripts/train_ablations.py table                          # recall at 2x and 8x the training length
+    python scripts/train_ablations.py table [DIR]                    # recall at 2x and 8x the training length
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
 
 Every run shares one short recipe, the shipped one's learnable start (SmolLM2-135M-Instruct, LoRA
@@ -195,16 +195,17 @@ def run(names: list[str], threads: int | None) -> None:
         subprocess.run(cmd, check=True, cwd=ROOT)
 
 
-def evals(name: str) -> list[dict]:
-    log = OUT / name / "log.jsonl"
+def evals(name: str, root: Path = OUT) -> list[dict]:
+    log = root / name / "log.jsonl"
     if not log.is_file():
         return []
     return [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
 
 
-def table() -> None:
+def table(root: Path = OUT) -> None:
     """Each branch's last evaluation (the step it was at) and its prefix's recall from one
-    128-token segment at the prefix's end."""
+    128-token segment at the prefix's end, from the run folders under `root` (or copies of their
+    logs, as docs/train/ablations keeps them)."""
     print("| run | from | prefix recall, 1 x 128 | steps | recall at 2x L (512 tokens) ", end="")
     print("| recall at 8x L (2,048 tokens) |")
     print("|---|---|---:|---:|---:|---:|")
@@ -212,9 +213,9 @@ def table() -> None:
         prefix = prefix_of(name)
         if prefix is None:
             continue
-        start = evals(prefix)
+        start = evals(prefix, root)
         start_recall = f"{start[-1]['eval_exact']['1']:.2f}" if start else "not run"
-        own = evals(name)
+        own = evals(name, root)
         if not own:
             print(f"| {name} | {prefix} | {start_recall} | - | not run | not run |")
             continue
@@ -273,7 +274,7 @@ def main() -> None:
     elif args.command == "run":
         run(args.names, args.threads)
     elif args.command == "table":
-        table()
+        table(Path(args.names[0]) if args.names else OUT)
     else:
         default = ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
         cost(Path(args.names[0]) if args.names else default)
