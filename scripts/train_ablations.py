@@ -26,8 +26,10 @@ smollm2-135m.toml), cut in two:
   last 10%); all at the same steps and tokens per step (a short segment keeps the document's
   length), so at equal compute.
 
-The segment-length branches differ from the same 500-step start only in what they ablate, and the
-5 + 8 runs cost about 6.5 h of one-thread step time instead of the 8 full runs' 8.5 h (`cost`).
+The segment-length branches differ from the same 500-step start only in what they ablate, and
+three of the eight full runs' first 500 steps are not repeated. Measured on the 2-core Zen 5 at one
+thread beside one to three other jobs (`cost docs/train/ablations/<run>/log.jsonl`, first line):
+a prefix 0.41-0.45 h of step time, the fixed-128 branch 0.96 h; about 10 h for all 13.
 Run two `run --threads 1` processes side by side on a 2-core machine, each with its own names.
 
 Every run uses bf16 autocast where the machine runs bf16 natively, and recomputes each segment in
