@@ -170,7 +170,8 @@ def run(
     label = method_label(method, engine)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
-    done = _done_ids(path, memory and f"{memory}+{ARMT_ANSWER}")
+    armt_fields = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
+    done = _done_ids(path, memory_key(armt_fields) if armt_fields else None)
     corpora_id = None  # items passed in come from elsewhere: their corpora are not ours to name
     if items is None:
         builder = Builder(load_tokenizer(model))
@@ -199,7 +200,7 @@ def run(
                 else:
                     predictions = runner.predict_batch(group, MAX_NEW_TOKENS[task])  # type: ignore[attr-defined]
                 seconds = (time.perf_counter() - start) / len(group)
-                extra = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
+                extra = dict(armt_fields)
                 extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
                 extra |= {"corpora": corpora_id} if corpora_id is not None else {}
                 for item, pred in zip(group, predictions, strict=True):

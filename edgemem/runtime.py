@@ -289,15 +289,15 @@ class BundleEngine:
         if n == S:
             return out
         partial = self.partial_segments()
-        if partial and 1 <= n < S:
-            return out
-        if partial or not 1 <= n < S:
-            what = f"segments of 1..{S}" if partial else f"whole segments of {S}"
-            raise EdgememError(f"engine {self.root} steps {what} tokens, not {n}")
-        raise EdgememError(
-            f"engine {self.root} steps only whole segments of {S} tokens (it predates answers that "
-            "write the tail); export it again"
-        )
+        if 1 <= n < S:
+            if partial:
+                return out
+            raise EdgememError(
+                f"engine {self.root} steps only whole segments of {S} tokens (it predates answers "
+                "that write the tail); export it again"
+            )
+        what = f"segments of 1..{S}" if partial else f"whole segments of {S}"
+        raise EdgememError(f"engine {self.root} steps {what} tokens, not {n}")
 
     def forward(
         self, ids: Sequence[int] | np.ndarray, past: list[Any], state: NumpyState

@@ -29,10 +29,10 @@ from collections import defaultdict
 
 import torch
 
-from edgemem.armt import generate_ids
+from edgemem.armt import answer_state, generate_ids
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
-from edgemem.methods import ARMTMethod, _decode, build, chat_prompt
+from edgemem.methods import ARMTMethod, build, chat_prompt
 from edgemem.models import load_tokenizer
 from edgemem.scoring import near_miss, score
 
@@ -70,11 +70,11 @@ def main() -> None:
                 written += 1
             done = method.cache.ingest(ids)
             prompt = chat_prompt(tokenizer, done.tail, item.question, item.answer_prefix)
-            with torch.inference_mode():
-                state, _ = armt.step(torch.tensor([done.tail], device=armt.device), done.state)
+            state = answer_state(armt, done.state, done.tail)
             texts = [
-                _decode(
-                    tokenizer, list(generate_ids(armt, s, prompt, method.stop_ids, MAX_NEW_TOKENS["niah"]))
+                tokenizer.decode(  # type: ignore[attr-defined]
+                    list(generate_ids(armt, s, prompt, method.stop_ids, MAX_NEW_TOKENS["niah"])),
+                    skip_special_tokens=True,
                 )
                 for s in (done.state, state)
             ]

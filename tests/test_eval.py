@@ -294,3 +294,49 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     armt_label = "armt-untrained" if armt[0]["adapter"] == UNTRAINED else "armt"
     assert {r["method"] for r in rows} >= {armt_label, "window-hf", "rag-hf", "oracle-hf"}
     assert Path(plot(rows, tmp_path / "a.png")).is_file()
+
+
+def test_armt_method_and_ask_answer_from_the_state_with_the_tail_written(monkeypatch):
+    """The evaluation's armt and `edgemem ask` (runtime.answer) both generate from the memory with
+    the document's tail written (`answer_state`), not from the ingested state. The real generation
+    runs; a wrapper records the state it was given."""
+    from tiny_assistant import tiny_assistant
+
+    from edgemem import armt as armt_module
+    from edgemem import methods
+    from edgemem.armt import answer_state
+    from edgemem.data.tasks import Item
+    from edgemem.runtime import answer
+
+    assistant = tiny_assistant(segment_len=16)
+    armt, tokenizer = assistant.armt, assistant.loaded.tokenizer
+    context = "The access code for the Lisbon vault is 4417. Ask the porter for the key at 9."
+    item = Item("niah", 1024, 0, context, "What is the code?", ["4417"], "", "The code is")
+    seen = []
+
+    def recording(model, state, *args, **kwargs):
+        seen.append(state)
+        return real(model, state, *args, **kwargs)
+
+    def same(a, b) -> bool:
+        return a.writes == b.writes and all(
+            torch.equal(t, b.named_tensors()[k]) for k, t in a.named_tensors().items()
+        )
+
+    real = armt_module.generate_ids
+    monkeypatch.setattr(methods, "generate_ids", recording)
+    method = methods.ARMTMethod(armt, tokenizer)
+    ids = method._ids(context)
+    method.predict(item, 4)
+    doc = ingest(armt, [ids])
+    assert 1 <= len(doc.tail_ids) < 16
+    written = answer_state(armt, doc.state, doc.tail_ids)
+    assert not same(written, doc.state) and same(seen[-1], written)
+
+    runtime = assistant.runtime
+    real_runtime = runtime.generate_ids
+    monkeypatch.setattr(
+        runtime, "generate_ids", lambda state, *a, **k: seen.append(state) or real_runtime(state, *a, **k)
+    )
+    "".join(answer(runtime, doc, item.question, max_new_tokens=4))
+    assert same(seen[-1], written)
