@@ -2,7 +2,7 @@
 """The training issue's two ablations, as runs of `edgemem train` that resume where they stopped.
 
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
-    python scripts/train_ablations.py run [--threads N] [NAME ...]   # train them in order (resumable)
+    python scripts/train_ablations.py run [--threads N] [--until STEP] [NAME ...]  # in order (resumable)
     python scripts/train_ablations.py table [DIR]                    # recall at 2x and 8x the training length
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
 
@@ -177,7 +177,9 @@ def finished_steps(name: str) -> int:
         return int((handle.metadata() or {}).get("train_steps", 0))
 
 
-def run(names: list[str], threads: int | None) -> None:
+def run(names: list[str], threads: int | None, until: int | None = None) -> None:
+    """Train `names` in order. `until`: stop each branch at that step (a checkpoint the same
+    command resumes from later): the branches compared at an equal step, when time is short."""
     import tomllib
 
     from edgemem.train import TrainConfig
@@ -193,6 +195,11 @@ def run(names: list[str], threads: int | None) -> None:
                 sys.exit(f"{name} starts from {prefix}, which has not finished ({need} steps): run it first")
         cmd = [sys.executable, "-m", "edgemem.cli", "train", str(paths[name]), "--out", str(OUT / name)]
         cmd += ["--threads", str(threads)] if threads else []
+        if until is not None and prefix is not None:
+            if finished_steps(name) >= until:
+                print(f"{name}: at step {finished_steps(name)} already (--until {until})", flush=True)
+                continue
+            cmd += ["--max-steps", str(until - finished_steps(name))]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
 
@@ -269,12 +276,13 @@ def main() -> None:
     parser.add_argument("command", nargs="?", default="table", choices=("configs", "run", "table", "cost"))
     parser.add_argument("names", nargs="*", help="run: these runs (default: all, in order); cost: a log")
     parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
+    parser.add_argument("--until", type=int, default=None, help="run: stop each branch at this step")
     args = parser.parse_intermixed_args()
     if args.command == "configs":
         for name, path in write_configs().items():
             print(name, path)
     elif args.command == "run":
-        run(args.names, args.threads)
+        run(args.names, args.threads, args.until)
     elif args.command == "table":
         table(Path(args.names[0]) if args.names else OUT)
     else:

@@ -525,6 +525,35 @@ def test_ablation_branch_refuses_to_start_before_its_prefix_finished(tmp_path, m
         module.run(["layers-sideways"], threads=1)
 
 
+def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_there(tmp_path, monkeypatch):
+    """`run --until STEP`: a branch gets `--max-steps` for the steps it has left to STEP (its
+    adapter's train_steps says where it is), one already at STEP is not started, and a prefix
+    always trains to its end (a branch needs it finished)."""
+    from safetensors.torch import save_file
+
+    module = load_script("train_ablations")
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(module.subprocess, "run", lambda cmd, **kw: commands.append(cmd))
+
+    def at_step(name: str, step: int) -> None:
+        (tmp_path / name).mkdir(parents=True, exist_ok=True)
+        weights = {"w": torch.zeros(1)}
+        save_file(weights, str(tmp_path / name / "adapter.safetensors"), metadata={"train_steps": str(step)})
+
+    module.write_configs()
+    at_step("prefix-spread", 500)
+    at_step("segment-fixed-64", 40)
+    at_step("layers-spread", 100)
+    module.run(["prefix-spread", "segment-fixed-64", "layers-spread", "segment-stochastic-0.5"], 1, until=100)
+    tails = [cmd[cmd.index("--out") + 1 :] for cmd in commands]
+    assert tails == [
+        [str(tmp_path / "prefix-spread"), "--threads", "1"],
+        [str(tmp_path / "segment-fixed-64"), "--threads", "1", "--max-steps", "60"],
+        [str(tmp_path / "segment-stochastic-0.5"), "--threads", "1", "--max-steps", "100"],
+    ]
+
+
 def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, capsys):
     module = load_script("train_loss_table")
     log = tmp_path / "log.jsonl"
