@@ -3,21 +3,23 @@
 held-out evaluations, one column per log.
 
     python scripts/train_loss_table.py docs/train/gemma3-270m/log.jsonl docs/train/smollm2-135m/log.jsonl
+    python scripts/train_loss_table.py --until 50 LOG ...   # only the steps up to 50 (runs of unequal length)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 
 
-def stages(log: Path) -> dict[str, tuple[int, int, float]]:
-    """stage -> (first step, last step, mean loss) over the log's step lines, in order."""
+def stages(log: Path, until: int | None = None) -> dict[str, tuple[int, int, float]]:
+    """stage -> (first step, last step, mean loss) over the log's step lines, in order (only the
+    steps up to `until`, when given)."""
     seen: dict[str, list[tuple[int, float]]] = {}
     for line in log.read_text().splitlines():
         record = json.loads(line)
-        if "loss" in record:
+        if "loss" in record and (until is None or record["step"] <= until):
             seen.setdefault(record["stage"], []).append((record["step"], record["loss"]))
     return {
         name: (steps[0][0], steps[-1][0], sum(loss for _, loss in steps) / len(steps))
@@ -25,21 +27,23 @@ def stages(log: Path) -> dict[str, tuple[int, int, float]]:
     }
 
 
-def evaluations(log: Path) -> list[str]:
+def evaluations(log: Path, until: int | None = None) -> list[str]:
     out = []
     for line in log.read_text().splitlines():
         record = json.loads(line)
-        if "eval_exact" in record:
+        if "eval_exact" in record and (until is None or record["step"] <= until):
             cells = " / ".join(f"{v:.2f}" for v in record["eval_exact"].values())
             out.append(f"step {record['step']}: {cells} at {', '.join(record['eval_exact'])} segments")
     return out
 
 
-def main(paths: list[str]) -> None:
-    if not paths:
-        sys.exit(__doc__)
-    logs = [Path(p) for p in paths]
-    tables = [stages(log) for log in logs]
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("logs", nargs="+", type=Path, help="log.jsonl of a training run")
+    parser.add_argument("--until", type=int, default=None, help="only the steps up to this one")
+    args = parser.parse_intermixed_args(argv)
+    logs = args.logs
+    tables = [stages(log, args.until) for log in logs]
     names = list(dict.fromkeys(name for table in tables for name in table))
     print("| stage | " + " | ".join(str(log) for log in logs) + " |")
     print("|---|" + "---:|" * len(logs))
@@ -48,9 +52,11 @@ def main(paths: list[str]) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |")
     for log in logs:
         print(f"\n{log}: held-out exact recall")
-        for line in evaluations(log):
+        for line in evaluations(log, args.until):
             print(f"  {line}")
 
 
 if __name__ == "__main__":
+    import sys
+
     main(sys.argv[1:])

@@ -565,6 +565,11 @@ def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, ca
     out = capsys.readouterr().out
     assert "| a | 1.50 (steps 1-2) |" in out and "| b | 4.00 (steps 3-5) |" in out
     assert "step 2: 0.50 / 0.25 at 1, 4 segments" in out
+    # --until: runs of unequal length compared over the same steps
+    assert module.stages(log, until=4) == {"a": (1, 2, 1.5), "b": (3, 4, 3.5)}
+    module.main(["--until", "1", str(log)])
+    out = capsys.readouterr().out
+    assert "| a | 1.00 (steps 1-1) |" in out and "| b |" not in out and "step 2:" not in out
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
