@@ -198,10 +198,11 @@ def run(names: list[str], threads: int | None, until: int | None = None) -> None
         cmd = [sys.executable, "-m", "edgemem.cli", "train", str(paths[name]), "--out", str(OUT / name)]
         cmd += ["--threads", str(threads)] if threads else []
         if until is not None and prefix is not None:
-            if finished_steps(name) >= until:
-                print(f"{name}: at step {finished_steps(name)} already (--until {until})", flush=True)
+            done = finished_steps(name)
+            if done >= until:
+                print(f"{name}: at step {done} already (--until {until})", flush=True)
                 continue
-            cmd += ["--max-steps", str(until - finished_steps(name))]
+            cmd += ["--max-steps", str(until - done)]
         print("+", " ".join(cmd), flush=True)
         subprocess.run(cmd, check=True, cwd=ROOT)
 

@@ -10,16 +10,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+
+def records(log: Path, until: int | None = None) -> list[dict]:
+    """The log's lines (steps and evaluations), only those up to step `until` when given."""
+    out = [json.loads(line) for line in log.read_text().splitlines()]
+    return [r for r in out if until is None or r["step"] <= until]
 
 
 def stages(log: Path, until: int | None = None) -> dict[str, tuple[int, int, float]]:
     """stage -> (first step, last step, mean loss) over the log's step lines, in order (only the
     steps up to `until`, when given)."""
     seen: dict[str, list[tuple[int, float]]] = {}
-    for line in log.read_text().splitlines():
-        record = json.loads(line)
-        if "loss" in record and (until is None or record["step"] <= until):
+    for record in records(log, until):
+        if "loss" in record:
             seen.setdefault(record["stage"], []).append((record["step"], record["loss"]))
     return {
         name: (steps[0][0], steps[-1][0], sum(loss for _, loss in steps) / len(steps))
@@ -29,9 +35,8 @@ def stages(log: Path, until: int | None = None) -> dict[str, tuple[int, int, flo
 
 def evaluations(log: Path, until: int | None = None) -> list[str]:
     out = []
-    for line in log.read_text().splitlines():
-        record = json.loads(line)
-        if "eval_exact" in record and (until is None or record["step"] <= until):
+    for record in records(log, until):
+        if "eval_exact" in record:
             cells = " / ".join(f"{v:.2f}" for v in record["eval_exact"].values())
             out.append(f"step {record['step']}: {cells} at {', '.join(record['eval_exact'])} segments")
     return out
@@ -57,6 +62,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     main(sys.argv[1:])
