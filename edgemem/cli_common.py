@@ -33,7 +33,12 @@ AdapterOpt = Annotated[
     typer.Option("--adapter", help="Memory adapter (.safetensors); default: the one shipped for the model."),
 ]
 SegmentOpt = Annotated[
-    int | None, typer.Option("--segment-len", min=16, help="Tokens per segment (default 512).")
+    int | None,
+    typer.Option(
+        "--segment-len",
+        min=16,
+        help="Tokens per segment (default: the adapter's, 128 for the shipped SmolLM2 one; else 512).",
+    ),
 ]
 
 

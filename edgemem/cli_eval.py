@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from edgemem.cli_common import ModelOpt, _out, err, user_errors
+from edgemem.cli_common import ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.errors import EdgememError
 
 data_app = typer.Typer(
@@ -86,8 +86,10 @@ def eval_run(
     batch: Annotated[
         int, typer.Option(help="armt: items ingested side by side (one batched step per segment).")
     ] = 1,
+    segment_len: SegmentOpt = None,
 ) -> None:
-    """Run one method on n items per length bin of a task; results append to a JSONL (resumable)."""
+    """Run one method on n items per length bin of a task; results append to a JSONL (resumable).
+    armt with --segment-len N reads in N-token segments and has its own results (`armt-sN`)."""
     if ctx.invoked_subcommand is not None:
         return
     if task is None:
@@ -117,6 +119,7 @@ def eval_run(
         log=lambda s: err.print(s, markup=False),
         dtype=dtypes[dtype],
         batch=batch,
+        segment_len=segment_len,
     )
     err.print(
         f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}",

@@ -55,8 +55,19 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def method_label(method: str, engine: str) -> str:
-    return method if method == "armt" or engine == "llama" else f"{method}-{engine}"
+def method_label(method: str, engine: str, segment_len: int | None = None) -> str:
+    """The results file's and the table's name for a run: `armt` (`armt-s64` read in 64-token
+    segments instead of the adapter's own), `window` (llama.cpp) or `window-hf`, ..."""
+    if method == "armt":
+        return "armt" if segment_len is None else f"armt-s{segment_len}"
+    if segment_len is not None:
+        raise EdgememError(f"--segment-len is for armt only, not {method}")
+    return method if engine == "llama" else f"{method}-{engine}"
+
+
+def is_armt(label: str) -> bool:
+    """A results label of the memory (`armt`, `armt-s64`), whose lines are kept apart by memory."""
+    return label == "armt" or label.startswith("armt-s")
 
 
 def _model_dir_name(model: str) -> str:
@@ -155,9 +166,12 @@ def run(
     items: Callable[[int], list[Item]] | None = None,
     dtype: torch.dtype | None = None,
     batch: int = 1,
+    segment_len: int | None = None,
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
     torch weights' dtype (None: the machine's preferred one); each line records the one used.
+    `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
+    such runs have their own label and file (`armt-s64`), and every armt line records its length.
 
     Items run deepest needle first, so each shares with the one before it all the haystack before
     its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
@@ -167,7 +181,7 @@ def run(
     from edgemem.models import load_tokenizer
 
     fix_mmap_threshold()
-    label = method_label(method, engine)
+    label = method_label(method, engine, segment_len)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     armt_fields = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
@@ -193,7 +207,7 @@ def run(
             for first in range(0, len(todo), batch):
                 group = todo[first : first + batch]
                 if runner is None:  # loaded only when there is work
-                    runner = methods.build(method, model, engine, adapter, dtype)
+                    runner = methods.build(method, model, engine, adapter, dtype, segment_len)
                 start = time.perf_counter()
                 if len(group) == 1:
                     predictions = [runner.predict(group[0], MAX_NEW_TOKENS[task])]
@@ -202,6 +216,7 @@ def run(
                 seconds = (time.perf_counter() - start) / len(group)
                 extra = dict(armt_fields)
                 extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
+                extra |= {"segment_len": runner.segment_len} if method == "armt" else {}
                 extra |= {"corpora": corpora_id} if corpora_id is not None else {}
                 for item, pred in zip(group, predictions, strict=True):
                     sc = score(task, pred.text, item.answers)
@@ -263,15 +278,15 @@ def load_records(results: Path) -> list[dict]:
                 lines.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-        armt = [r for r in lines if r.get("method") == "armt"]
+        armt = [r for r in lines if is_armt(r.get("method", ""))]
         trained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) != UNTRAINED]
         untrained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) == UNTRAINED]
         for r in lines:
-            if r.get("method") == "armt":
+            if is_armt(r.get("method", "")):
                 if r.get("adapter", UNTRAINED) == UNTRAINED:
                     if memory_key(r) != untrained[-1]:
                         continue
-                    r = {**r, "method": "armt-untrained"}
+                    r = {**r, "method": f"{r['method']}-untrained"}
                 elif memory_key(r) != trained[-1]:
                     continue
             records.append(r)

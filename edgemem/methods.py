@@ -357,6 +357,7 @@ class ARMTMethod:
         self.armt = armt
         self.tokenizer = tokenizer
         self.dtype = _dtype_name(armt.base.dtype)
+        self.segment_len = armt.config.segment_len
         self.stop_ids = stop_token_ids(tokenizer)
         self.kv_per_token = kv_bytes_per_token(armt.base.config)
         self.cache = PrefixStateCache(armt)
@@ -393,10 +394,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def build(
-    method: str, model: str, engine: str, adapter: str | None = None, dtype: torch.dtype | None = None
+    method: str,
+    model: str,
+    engine: str,
+    adapter: str | None = None,
+    dtype: torch.dtype | None = None,
+    segment_len: int | None = None,
 ) -> Method:
     """A ready method on a registry model (or a model path); `dtype` None: the machine's preferred one
-    (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`)."""
+    (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`); `segment_len`
+    (armt only) None: the adapter's own."""
     from edgemem.models import load_model, resolve_source
 
     if method not in METHODS:
@@ -406,7 +413,7 @@ def build(
     if method == "armt":
         from edgemem.assistant import Assistant
 
-        assistant = Assistant.open(model, adapter, dtype=dtype)
+        assistant = Assistant.open(model, adapter, segment_len, dtype=dtype)
         assistant.armt.merge_lora()  # inference only: 1.3x faster ingest (scripts/armt_batch_speed.py)
         return ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
     loaded = load_model(model, dtype)

@@ -21,6 +21,7 @@ from edgemem.evaluate import (
     adapter_id,
     load_records,
     markdown_table,
+    method_label,
     parse_lengths,
     plot,
     run,
@@ -168,6 +169,31 @@ def test_armt_lines_are_kept_apart_by_the_memory_that_made_them(tmp_path):
         adapter_id("smollm2-135m-instruct", str(tmp_path / "missing.safetensors"))
 
 
+def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
+    """`--segment-len 64` reads the same adapter in 64-token segments: its lines go to their own
+    file (niah.armt-s64.jsonl) and row, kept apart by memory like armt's, so they neither skip the
+    adapter's own items on resume nor replace its row in the table."""
+    assert method_label("armt", "llama") == "armt" and method_label("armt", "hf", 64) == "armt-s64"
+    assert method_label("window", "hf") == "window-hf"
+    with pytest.raises(EdgememError, match="armt only"):
+        method_label("window", "llama", 64)
+    (tmp_path / "m").mkdir()
+    own = {**_record("armt", 1024, True), "id": "a", "adapter": "2222", "segment_len": 128}
+    short = {**_record("armt-s64", 1024, False), "id": "a", "adapter": "2222", "segment_len": 64}
+    older = {**short, "adapter": "1111", "correct": True}
+    fresh = {**short, "adapter": UNTRAINED}
+    (tmp_path / "m" / "niah.armt.jsonl").write_text(json.dumps(own) + "\n")
+    (tmp_path / "m" / "niah.armt-s64.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in (older, short, fresh))
+    )
+    rows = summarize(load_records(tmp_path))
+    assert [(r["method"], r["accuracy"]) for r in rows] == [
+        ("armt", 1.0),
+        ("armt-s64", 0.0),
+        ("armt-s64-untrained", 0.0),
+    ]
+
+
 def test_eval_cli_mistakes_are_one_line_errors():
     runner = CliRunner()
     for args, message in (
@@ -177,6 +203,7 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval", "--task", "niah", "--dtype", "float16"], "unknown --dtype"),
         (["eval", "--task", "niah", "--method", "window", "--batch", "4"], "only with armt"),
         (["eval", "--task", "niah", "--batch", "0"], "batch 0"),
+        (["eval", "--task", "niah", "--method", "rag", "--segment-len", "64"], "armt only"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
         (["data", "show", "poems"], "unknown task"),
         (["data", "show", "niah", "5k"], "not a bin"),
@@ -233,6 +260,8 @@ def test_the_oracle_cuts_a_passage_longer_than_the_window_around_its_focus():
 def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     from test_tasks import LICENSES, _write
 
+    from edgemem.armt import read_adapter
+    from edgemem.assistant import shipped_adapter
     from edgemem.data.tasks import Builder
     from edgemem.models import load_tokenizer, preferred_dtype
 
@@ -246,6 +275,9 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     if importlib.util.find_spec("llama_cpp") is not None:
         runs.append(("window", "llama"))
     results = tmp_path / "results"
+    # armt reads in segments twice the shipped adapter's own (`--segment-len`), which is all that
+    # tells it from the default run: its own label and file, the length on its lines.
+    segment_len = 2 * read_adapter(shipped_adapter("smollm2-135m-instruct"))[0].segment_len
 
     def run_slice(method: str, engine: str):
         model = "smollm2-135m-instruct"
@@ -263,6 +295,7 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
             items=lambda n: items,
             dtype=dtype,
             batch=2 if method == "armt" else 1,  # armt ingests both items side by side
+            segment_len=segment_len if method == "armt" else None,
         )
 
     for method, engine in runs:
@@ -286,12 +319,14 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     ]
     assert all(r["correct"] for r in oracle)  # given only the needle, the base model reads it back
     armt = [
-        json.loads(x) for x in (results / "smollm2-135m-instruct/niah.armt.jsonl").read_text().splitlines()
+        json.loads(x)
+        for x in (results / f"smollm2-135m-instruct/niah.armt-s{segment_len}.jsonl").read_text().splitlines()
     ]
     assert all(r["memory_mb"] < r["kv_full_mb"] + 6 for r in armt)
     assert {r["adapter"] for r in armt} == {adapter_id("smollm2-135m-instruct", None)}
+    assert {r["segment_len"] for r in armt} == {segment_len}  # each armt line says how it was read
     rows = summarize(load_records(results))
-    armt_label = "armt-untrained" if armt[0]["adapter"] == UNTRAINED else "armt"
+    armt_label = f"armt-s{segment_len}" + ("-untrained" if armt[0]["adapter"] == UNTRAINED else "")
     assert {r["method"] for r in rows} >= {armt_label, "window-hf", "rag-hf", "oracle-hf"}
     assert Path(plot(rows, tmp_path / "a.png")).is_file()
 
