@@ -36,6 +36,11 @@ def main() -> None:
 
     runs = [{r["id"]: r for r in map(json.loads, f.read_text().splitlines())} for f in args.files]
     shared = set(runs[0]).intersection(*runs[1:])
+    builds = {r.get("corpora") for run in runs for i, r in run.items() if i in shared}
+    if len(builds) > 1:  # an id names a needle and depth; its haystack comes from the corpora build
+        names = ", ".join(sorted(map(str, builds)))
+        print(f"note: the files' items come from {len(builds)} corpora builds ({names}): one id may be")
+        print("  another haystack in each; where the needle sat is judged on this machine's corpora")
     tokenizer = load_tokenizer(args.model)
     builder = Builder(tokenizer)
     S = args.segment_len
