@@ -216,7 +216,7 @@ def run(
                 seconds = (time.perf_counter() - start) / len(group)
                 extra = dict(armt_fields)
                 extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
-                extra |= {"segment_len": runner.segment_len} if method == "armt" else {}
+                extra |= {"segment_len": runner.armt.config.segment_len} if method == "armt" else {}  # type: ignore[attr-defined]
                 extra |= {"corpora": corpora_id} if corpora_id is not None else {}
                 for item, pred in zip(group, predictions, strict=True):
                     sc = score(task, pred.text, item.answers)

@@ -357,7 +357,6 @@ class ARMTMethod:
         self.armt = armt
         self.tokenizer = tokenizer
         self.dtype = _dtype_name(armt.base.dtype)
-        self.segment_len = armt.config.segment_len
         self.stop_ids = stop_token_ids(tokenizer)
         self.kv_per_token = kv_bytes_per_token(armt.base.config)
         self.cache = PrefixStateCache(armt)

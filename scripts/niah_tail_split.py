@@ -27,6 +27,24 @@ from edgemem.models import load_tokenizer
 from edgemem.scoring import near_miss
 
 
+def corpora_note(runs: list[dict[str, dict]], shared: set[str]) -> list[str]:
+    """Lines to print when the shared items' lines come from more than one corpora build: an id
+    fixes the needle and its depth, the haystack around it comes from the build. Per length, how
+    many shared items have other token counts in some file (then surely another haystack)."""
+    builds = {str(run[i].get("corpora")) for run in runs for i in shared}
+    if len(builds) < 2:
+        return []
+    lines = [
+        f"note: the files' items come from {len(builds)} corpora builds ({', '.join(sorted(builds))}):"
+        " one id may be another haystack in each; where the needle sat is judged on this machine's corpora"
+    ]
+    for length in sorted({runs[0][i]["length"] for i in shared}):
+        ids = [i for i in shared if runs[0][i]["length"] == length]
+        other = sum(len({run[i]["tokens"] for run in runs}) > 1 for i in ids)
+        lines.append(f"  {length // 1024}k: token counts differ on {other} of {len(ids)} items")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="niah.armt.jsonl result files")
@@ -36,11 +54,8 @@ def main() -> None:
 
     runs = [{r["id"]: r for r in map(json.loads, f.read_text().splitlines())} for f in args.files]
     shared = set(runs[0]).intersection(*runs[1:])
-    builds = {r.get("corpora") for run in runs for i, r in run.items() if i in shared}
-    if len(builds) > 1:  # an id names a needle and depth; its haystack comes from the corpora build
-        names = ", ".join(sorted(map(str, builds)))
-        print(f"note: the files' items come from {len(builds)} corpora builds ({names}): one id may be")
-        print("  another haystack in each; where the needle sat is judged on this machine's corpora")
+    for line in corpora_note(runs, shared):
+        print(line)
     tokenizer = load_tokenizer(args.model)
     builder = Builder(tokenizer)
     S = args.segment_len

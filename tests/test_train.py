@@ -572,6 +572,25 @@ def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, ca
     assert "| a | 1.00 (steps 1-1) |" in out and "| b |" not in out and "step 2:" not in out
 
 
+def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_differ():
+    """`niah_tail_split.py` compares result files by item id; an id from another corpora build may be
+    another haystack, so it says so, and counts per length the items whose token counts differ."""
+    module = load_script("niah_tail_split")
+
+    def line(i, length, tokens, corpora):
+        return {"id": i, "length": length, "tokens": tokens, "corpora": corpora}
+
+    a = {"x": line("x", 1024, 1026, "aa"), "y": line("y", 16384, 16385, "aa")}
+    b = {"x": line("x", 1024, 1026, "bb"), "y": line("y", 16384, 16382, "bb")}
+    assert module.corpora_note([a, a], {"x", "y"}) == []
+    note = module.corpora_note([a, b], {"x", "y"})
+    assert "2 corpora builds (aa, bb)" in note[0]
+    assert note[1:] == [
+        "  1k: token counts differ on 0 of 1 items",
+        "  16k: token counts differ on 1 of 1 items",
+    ]
+
+
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
     """`train_ablations.py cost`: a prefix is 300 steps of 1 x 64 and 200 of 1 x 128, a branch 300
     of 2 x 128, at the log's medians (1, 2 and 3 s); a shape the log never ran is counted, not
