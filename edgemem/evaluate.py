@@ -106,19 +106,31 @@ def memory_key(record: dict) -> str:
     return record.get("adapter", UNTRAINED) + (f"+{answer}" if answer else "")
 
 
-def _done_ids(path: Path, adapter: str | None = None) -> set[str]:
-    """Ids already in a results file (for armt, `adapter` given: only those with that `memory_key`)."""
+def _done_ids(path: Path, adapter: str | None = None, corpora: str | None = None) -> set[str]:
+    """Ids already in a results file (for armt, `adapter` given: only those with that `memory_key`;
+    `corpora` given: not those a line says another corpora build made, as an id fixes the needle but
+    the build fixes the haystack around it; lines from before builds were recorded still count)."""
     if not path.is_file():
         return set()
     done = set()
     for line in path.read_text().splitlines():
         try:
             record = json.loads(line)
-            if adapter is None or memory_key(record) == adapter:
-                done.add(record["id"])
+            if adapter is not None and memory_key(record) != adapter:
+                continue
+            if corpora is not None and record.get("corpora", corpora) != corpora:
+                continue
+            done.add(record["id"])
         except (json.JSONDecodeError, KeyError, AttributeError):
             continue  # a line cut by a kill: that item runs again
     return done
+
+
+def _latest_build(records: list[dict]) -> list[dict]:
+    """The lines of one row's method: those of the latest corpora build any of them records, and
+    those that record none (from before builds were recorded)."""
+    builds = [r["corpora"] for r in records if "corpora" in r]
+    return [r for r in records if r.get("corpora", builds[-1]) == builds[-1]] if builds else records
 
 
 def peak_rss_mb() -> float:
@@ -185,7 +197,6 @@ def run(
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     armt_fields = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
-    done = _done_ids(path, memory_key(armt_fields) if armt_fields else None)
     corpora_id = None  # items passed in come from elsewhere: their corpora are not ours to name
     if items is None:
         builder = Builder(load_tokenizer(model))
@@ -194,6 +205,7 @@ def run(
         def items(length: int) -> list[Item]:
             return list(builder.build(task, length, n))
 
+    done = _done_ids(path, memory_key(armt_fields) if armt_fields else None, corpora_id)
     if batch < 1 or (batch > 1 and method != "armt"):
         raise EdgememError(f"batch {batch}: items run side by side only with armt (batch 1 otherwise)")
     runner = None
@@ -269,7 +281,9 @@ def _kv_per_token(runner: object) -> int:
 def load_records(results: Path) -> list[dict]:
     """Every result line. armt lines are labelled by their memory: `armt-untrained` for the fresh
     one, `armt` for the `memory_key` (trained adapter, answer path) of the file's latest trained
-    line; lines of older adapters or answer paths are left out (the fresh memory's: its latest)."""
+    line; lines of older adapters or answer paths are left out (the fresh memory's: its latest).
+    Of each method's lines in a file, those another corpora build made than its latest are left out
+    too (`_latest_build`): a row never mixes two haystacks around the same needles."""
     records = []
     for path in sorted(results.glob("*/*.jsonl")):
         lines = []
@@ -281,6 +295,7 @@ def load_records(results: Path) -> list[dict]:
         armt = [r for r in lines if is_armt(r.get("method", ""))]
         trained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) != UNTRAINED]
         untrained = [memory_key(r) for r in armt if r.get("adapter", UNTRAINED) == UNTRAINED]
+        by_method: dict[str, list[dict]] = {}
         for r in lines:
             if is_armt(r.get("method", "")):
                 if r.get("adapter", UNTRAINED) == UNTRAINED:
@@ -289,7 +304,9 @@ def load_records(results: Path) -> list[dict]:
                     r = {**r, "method": f"{r['method']}-untrained"}
                 elif memory_key(r) != trained[-1]:
                     continue
-            records.append(r)
+            by_method.setdefault(r.get("method", ""), []).append(r)
+        for kept in by_method.values():
+            records.extend(_latest_build(kept))
     return records
 
 

@@ -169,6 +169,26 @@ def test_armt_lines_are_kept_apart_by_the_memory_that_made_them(tmp_path):
         adapter_id("smollm2-135m-instruct", str(tmp_path / "missing.safetensors"))
 
 
+def test_lines_of_another_corpora_build_run_again_and_a_row_holds_one_build(tmp_path):
+    """An id fixes the needle, the corpora build the haystack around it: a results folder copied
+    from a machine with another build re-runs those items instead of skipping them, and the row
+    then counts the latest build's lines only (lines from before builds were recorded stay)."""
+    path = tmp_path / "m" / "niah.window.jsonl"
+    path.parent.mkdir()
+    there = {**_record("window", 1024, True), "id": "a", "corpora": "there"}
+    legacy = {**_record("window", 1024, False), "id": "b"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in (there, legacy)))
+    assert _done_ids(path, corpora="there") == _done_ids(path) == {"a", "b"}
+    assert _done_ids(path, corpora="here") == {"b"}
+    assert [r["n"] for r in summarize(load_records(tmp_path))] == [2]
+    here = {**there, "correct": False, "corpora": "here"}
+    with path.open("a") as out:
+        out.write(json.dumps(here) + "\n")
+    assert _done_ids(path, corpora="here") == {"a", "b"}
+    [row] = summarize(load_records(tmp_path))
+    assert (row["n"], row["accuracy"]) == (2, 0.0)
+
+
 def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
     """`--segment-len 64` reads the same adapter in 64-token segments: its lines go to their own
     file (niah.armt-s64.jsonl) and row, kept apart by memory like armt's, so they neither skip the
