@@ -283,7 +283,7 @@ def load_records(results: Path) -> list[dict]:
     one, `armt` for the `memory_key` (trained adapter, answer path) of the file's latest trained
     line; lines of older adapters or answer paths are left out (the fresh memory's: its latest).
     Of each method's lines in a file, those another corpora build made than its latest are left out
-    too (`_latest_build`): a row never mixes two haystacks around the same needles."""
+    too (`_latest_build`): a row does not mix two recorded builds (two haystacks, same needles)."""
     records = []
     for path in sorted(results.glob("*/*.jsonl")):
         lines = []
