@@ -30,8 +30,8 @@ The segment-length branches differ from the same 500-step start only in what the
 three of the eight full runs' first 500 steps are not repeated. Measured on the 2-core Zen 5 at one
 thread beside one to three other jobs (`cost docs/train/ablations/<run>/log.jsonl`, first line):
 a prefix 0.41-0.45 h of step time, the fixed-128 branch 0.96 h; about 10 h for all 13. On a
-2-core AVX2 machine in float32: a prefix 0.94 h at two threads, the first 100 steps of a 64-token
-or stochastic branch 0.85 h at one thread beside another (docs/train/ablations-avx2).
+2-core AVX2 machine in float32: a prefix 0.94 h at two threads, a 64-token or stochastic branch
+2.9 h for its 300 steps at one thread beside another (docs/train/ablations-avx2).
 Run two `run --threads 1` processes side by side on a 2-core machine, each with its own names.
 
 Every run uses bf16 autocast where the machine runs bf16 natively, and recomputes each segment in
