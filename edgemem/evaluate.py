@@ -179,11 +179,14 @@ def run(
     dtype: torch.dtype | None = None,
     batch: int = 1,
     segment_len: int | None = None,
+    corpora: str | None = None,
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
     torch weights' dtype (None: the machine's preferred one); each line records the one used.
     `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
     such runs have their own label and file (`armt-s64`), and every armt line records its length.
+    `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
+    lines record it, and an item is done only for its build.
 
     Items run deepest needle first, so each shares with the one before it all the haystack before
     its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
@@ -197,7 +200,7 @@ def run(
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     armt_fields = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
-    corpora_id = None  # items passed in come from elsewhere: their corpora are not ours to name
+    corpora_id = corpora
     if items is None:
         builder = Builder(load_tokenizer(model))
         corpora_id = builder.corpora_id(task)

@@ -299,7 +299,9 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     # tells it from the default run: its own label and file, the length on its lines.
     segment_len = 2 * read_adapter(shipped_adapter("smollm2-135m-instruct"))[0].segment_len
 
-    def run_slice(method: str, engine: str):
+    corpora = builder.corpora_id("niah")
+
+    def run_slice(method: str, engine: str, corpora: str = corpora):
         model = "smollm2-135m-instruct"
         dtype = torch.float32 if method == "armt" else None  # armt asks for one; the others take the default
         return run(
@@ -316,6 +318,7 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
             dtype=dtype,
             batch=2 if method == "armt" else 1,  # armt ingests both items side by side
             segment_len=segment_len if method == "armt" else None,
+            corpora=corpora,
         )
 
     for method, engine in runs:
@@ -331,8 +334,11 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
             # each line says which torch dtype computed it; llama.cpp runs its own GGUF weights
             expected = {"armt": "float32", "hf": str(preferred_dtype()).removeprefix("torch."), "llama": None}
             assert r.get("dtype") == expected["armt" if method == "armt" else engine], (method, engine)
+        assert {r["corpora"] for r in lines} == {corpora}  # each line names the haystacks' build
         again = run_slice(method, engine)
         assert again.ran == 0 and again.skipped == 2  # resumable: nothing runs twice
+    # the same ids from another build are other haystacks: they run again
+    assert run_slice("oracle", "hf", corpora="another-build").ran == 2
     oracle = [
         json.loads(x)
         for x in (results / "smollm2-135m-instruct/niah.oracle-hf.jsonl").read_text().splitlines()
