@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from edgemem.data.tasks import LENGTHS, Builder, Item
 from edgemem.errors import EdgememError
+from edgemem.files import lock_exclusively
 from edgemem.scoring import Score, score
 
 if TYPE_CHECKING:
@@ -186,7 +187,8 @@ def run(
     `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
     such runs have their own label and file (`armt-s64`), and every armt line records its length.
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
-    lines record it, and an item is done only for its build.
+    lines record it, and an item is done only for its build. One process at a time writes a
+    results file: a second `run` on it is refused while the first holds its lock.
 
     Items run deepest needle first, so each shares with the one before it all the haystack before
     its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
@@ -208,13 +210,17 @@ def run(
         def items(length: int) -> list[Item]:
             return list(builder.build(task, length, n))
 
-    done = _done_ids(path, memory_key(armt_fields) if armt_fields else None, corpora_id)
     if batch < 1 or (batch > 1 and method != "armt"):
         raise EdgememError(f"batch {batch}: items run side by side only with armt (batch 1 otherwise)")
     runner = None
     path.parent.mkdir(parents=True, exist_ok=True)
     ran = skipped = correct = 0
     with open(path, "a", encoding="utf-8") as out:
+        # one writer per results file: two would both run the items neither had done yet
+        lock_exclusively(
+            out, f"{path} is being written by another edgemem eval: wait for it, or use another --results"
+        )
+        done = _done_ids(path, memory_key(armt_fields) if armt_fields else None, corpora_id)
         for length in lengths:
             todo = [it for it in items(length) if it.id not in done]
             todo.sort(key=lambda it: -float(it.meta.get("depth") or 0.0))  # stable: no depth, same order

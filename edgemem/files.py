@@ -10,6 +10,7 @@ import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 
 def atomic_write(path: Path, write: Callable[[str], None]) -> None:
@@ -34,6 +35,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def lock_exclusively(handle: IO, busy: str) -> None:
+    """Take an advisory lock on the open file `handle`, held until it is closed; where another
+    process (or another open of the same file) holds it, raise EdgememError(busy) at once. The OS
+    drops the lock when its process dies, so a killed run leaves nothing stale. Where the platform
+    has no `flock` (Windows), nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    from edgemem.errors import EdgememError
+
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise EdgememError(busy) from None
 
 
 def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:

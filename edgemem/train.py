@@ -68,7 +68,7 @@ from edgemem.data.tasks import (
 )
 from edgemem.errors import EdgememError
 from edgemem.evaluate import peak_rss_mb
-from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors
+from edgemem.files import atomic_write_bytes, atomic_write_text, lock_exclusively, read_safetensors
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
 TASKS = ("lm", "recall", "vt", "docqa", "types", "mix", "tokens")
@@ -671,10 +671,22 @@ def _all_reduce_grads(params: list[torch.nn.Parameter], world: int) -> None:
 
 
 def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
-    """Run (or resume) the recipe until its last step, or `max_steps` more steps. Returns the step reached."""
+    """Run (or resume) the recipe until its last step, or `max_steps` more steps. Returns the step
+    reached. One process at a time trains a folder: its rank 0 holds `out/.lock` throughout, and a
+    second run into the same folder is refused (two would interleave their logs and checkpoints)."""
+    run.out.mkdir(parents=True, exist_ok=True)
+    if run.rank != 0:
+        return _train(config, run, max_steps)
+    with open(run.out / ".lock", "a") as lock:
+        lock_exclusively(
+            lock, f"{run.out} is being trained by another process: wait for it, or use another --out"
+        )
+        return _train(config, run, max_steps)
+
+
+def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     armt = run.armt
     out = run.out
-    out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.safetensors"
     trainable = _trainable(armt)
     params = list(trainable.values())

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -204,7 +205,20 @@ def run(names: list[str], threads: int | None, until: int | None = None) -> None
                 continue
             cmd += ["--max-steps", str(until - done)]
         print("+", " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True, cwd=ROOT)
+        train_one(cmd, name)
+
+
+def train_one(cmd: list[str], name: str) -> None:
+    """Run one `edgemem train` to its end. A SIGTERM to this script stops it too: left running, the
+    training would go on without the script (and hold its folder's lock)."""
+    child = subprocess.Popen(cmd, cwd=ROOT)
+    previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code != 0:
+        sys.exit(f"{name}: edgemem train stopped (exit status {code})")
 
 
 def evals(name: str, root: Path = OUT) -> list[dict]:

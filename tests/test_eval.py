@@ -189,6 +189,22 @@ def test_lines_of_another_corpora_build_run_again_and_a_row_holds_one_build(tmp_
     assert (row["n"], row["accuracy"]) == (2, 0.0)
 
 
+def test_a_results_file_has_one_writer_at_a_time(tmp_path):
+    """Two evals into one results file would both run the items neither had done yet (and the
+    row would count them twice): while one holds the file, a second is refused, and runs once the
+    first lets go."""
+    from edgemem.files import lock_exclusively
+
+    target = tmp_path / "m" / f"niah.{method_label('oracle', 'hf', None)}.jsonl"
+    target.parent.mkdir()
+    kwargs = dict(log=lambda s: None, items=lambda n: [], corpora="here")
+    with open(target, "a") as first:
+        lock_exclusively(first, "held")
+        with pytest.raises(EdgememError, match="being written by another edgemem eval"):
+            run("niah", [1024], "oracle", 1, "m", "hf", None, tmp_path, **kwargs)
+    assert run("niah", [1024], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
+
+
 def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
     """`--segment-len 64` reads the same adapter in 64-token segments: its lines go to their own
     file (niah.armt-s64.jsonl) and row, kept apart by memory like armt's, so they neither skip the

@@ -127,6 +127,20 @@ def test_resumed_run_continues_bit_for_bit(tmp_path):
     assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
 
 
+def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path):
+    """A second `edgemem train` into a folder another one is training would interleave their logs
+    and checkpoints: it is refused before it touches anything, and the folder trains once free."""
+    from edgemem.files import lock_exclusively
+
+    config = tiny_config(steps=2)
+    with open(tmp_path / ".lock", "a") as other:
+        lock_exclusively(other, "held")
+        with pytest.raises(EdgememError, match="being trained by another process"):
+            train(config, tiny_run(config, tmp_path))
+        assert not (tmp_path / "log.jsonl").exists()
+    assert train(config, tiny_run(config, tmp_path)) == 2
+
+
 def test_checkpoint_of_another_config_is_refused_but_threads_may_change(tmp_path):
     train(tiny_config(steps=3), tiny_run(tiny_config(steps=3), tmp_path))
     other = tiny_config(steps=3, lr=1e-2)
@@ -534,7 +548,7 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
     module = load_script("train_ablations")
     monkeypatch.setattr(module, "OUT", tmp_path)
     commands: list[list[str]] = []
-    monkeypatch.setattr(module.subprocess, "run", lambda cmd, **kw: commands.append(cmd))
+    monkeypatch.setattr(module, "train_one", lambda cmd, name: commands.append(cmd))
 
     def at_step(name: str, step: int) -> None:
         (tmp_path / name).mkdir(parents=True, exist_ok=True)
@@ -552,6 +566,39 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
         [str(tmp_path / "segment-fixed-64"), "--threads", "1", "--max-steps", "60"],
         [str(tmp_path / "segment-stochastic-0.5"), "--threads", "1", "--max-steps", "100"],
     ]
+
+
+def test_ablation_script_stopped_by_sigterm_stops_its_training_too():
+    """`kill` of the ablation script (SIGTERM) ends the training it started: left running, that
+    training would go on unseen, and a resumed script would find its folder locked."""
+    import signal
+    import time
+
+    sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
+    path = str(REPO / "scripts" / "train_ablations.py")
+    driver = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        f"t.train_one([sys.executable, '-c', {sleeper!r}], 'branch')\n"
+    )
+    script = subprocess.Popen(
+        [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    child = int(script.stdout.readline())
+    script.send_signal(signal.SIGTERM)
+    assert script.wait(timeout=30) == 1
+    assert "branch: edgemem train stopped (exit status -15)" in script.stderr.read()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the training child outlived the script")
 
 
 def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, capsys):
