@@ -154,7 +154,9 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # 0: leave torch's default
     device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
-    autocast: bool = False  # bf16 autocast (fast on GPUs and on CPUs with AMX / AVX512-BF16)
+    # bf16 autocast: true, false, or "auto": where the device runs bf16 natively (GPUs with bf16,
+    # CPUs with AMX / AVX512-BF16; emulated elsewhere, and slower than float32)
+    autocast: bool | str = False
     checkpoint_every: int = 10  # steps
     eval_every: int = 50  # steps; 0: never
     eval_items: int = 32
@@ -170,6 +172,8 @@ class TrainConfig:
             raise EdgememError("a training config needs at least one stage")
         if not 0 < self.memory_lr_scale <= 1000:
             raise EdgememError(f"memory_lr_scale must lie in (0, 1000], not {self.memory_lr_scale}")
+        if self.autocast not in (True, False, "auto") or not isinstance(self.autocast, bool | str):
+            raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
     @property
     def total_steps(self) -> int:
@@ -707,6 +711,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         _truncate_log(log_path, step)
     adapter_meta = {**run.extra_meta, **_init_meta(config, out, resumed=step > 0)}
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
+    bf16 = autocast_enabled(config.autocast, armt.write_embeddings.device)
     while step < stop_at:
         stage, local = config.stage_at(step)
         S, n = batch_shape(config, step)
@@ -717,7 +722,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
-        with autocast_context(armt, config.autocast):
+        with autocast_context(armt, bf16):
             loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -800,6 +805,15 @@ def _init_meta(config: TrainConfig, out: Path, resumed: bool) -> dict[str, str]:
     from edgemem.export.bundle import sha256_file
 
     return {"init_sha256": sha256_file(Path(config.init))}
+
+
+def autocast_enabled(setting: bool | str, device: torch.device) -> bool:
+    """Whether a run's `autocast` setting turns bf16 autocast on for `device` ("auto": where it is native)."""
+    if setting == "auto":
+        from edgemem.models import preferred_dtype
+
+        return preferred_dtype(device.type) == torch.bfloat16
+    return bool(setting)
 
 
 def autocast_context(armt: ARMT, enabled: bool) -> contextlib.AbstractContextManager:

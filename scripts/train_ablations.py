@@ -47,8 +47,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "ablations"
 
@@ -60,7 +58,7 @@ norm_inputs = true
 write_source = "segment"
 seed = 0
 threads = 2
-autocast = {autocast}
+autocast = "auto"  # bf16 where the hardware has it natively, else float32
 checkpoint_every = 10
 eval_items = 32
 {layers}
@@ -125,21 +123,13 @@ def prefix_of(name: str) -> str | None:
 
 def variants() -> dict[str, str]:
     """Every run's config, prefixes first (a branch needs its prefix's finished adapter)."""
-    # bf16 autocast where the hardware has it natively: 1.5-1.9x faster steps at 2-8 segments on
-    # a Zen 5 CPU (scripts/train_memory_cost.py); emulated, hence slower, on a CPU without it.
-    # It is an operational option: a run resumed on another machine keeps its place.
-    from edgemem.models import preferred_dtype
-
-    autocast = "true" if preferred_dtype() == torch.bfloat16 else "false"
 
     def prefix(layers: str) -> str:
-        return HEADER.format(autocast=autocast, layers=LAYERS[layers]) + PREFIX.format(
-            bootstrap=bootstrap_stages()
-        )
+        return HEADER.format(layers=LAYERS[layers]) + PREFIX.format(bootstrap=bootstrap_stages())
 
     def branch(layers: str, segment_len: int = 128, segments: int = 2, stochastic: str = "") -> str:
         scale = 128 // segment_len  # evaluate at the same document lengths: 2x and 8x L
-        return HEADER.format(autocast=autocast, layers=LAYERS[layers]) + BRANCH.format(
+        return HEADER.format(layers=LAYERS[layers]) + BRANCH.format(
             eval_at=f"{4 * scale}, {16 * scale}",
             init=f"runs/ablations/prefix-{layers}/adapter.safetensors",
             segment_len=segment_len,

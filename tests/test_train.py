@@ -822,9 +822,11 @@ def test_recipe_runs_on_the_gemma3_architecture(tmp_path):
 
 
 def test_bf16_autocast_step_runs_and_device_is_resolved(tmp_path):
-    """autocast = true trains under bf16 autocast (on this CPU; on CUDA where present); asking for
-    CUDA on a machine without it is one clear error."""
-    from edgemem.train import resolve_device
+    """autocast = true trains under bf16 autocast (on this CPU; on CUDA where present); "auto"
+    turns it on only where bf16 is native; asking for CUDA on a machine without it is one clear
+    error."""
+    from edgemem.models import preferred_dtype
+    from edgemem.train import autocast_enabled, resolve_device
 
     config = replace(tiny_config(steps=2, backbone="frozen"), autocast=True)
     run = tiny_run(config, tmp_path)
@@ -832,6 +834,16 @@ def test_bf16_autocast_step_runs_and_device_is_resolved(tmp_path):
     steps, _ = read_log(tmp_path / "log.jsonl")
     assert all(0 < r["loss"] < 10 for r in steps) and run.armt.is_trained()
     assert resolve_device("cpu").type == "cpu"
+    cpu = torch.device("cpu")
+    native = preferred_dtype() == torch.bfloat16  # AVX512-BF16 or AMX in /proc/cpuinfo
+    assert (autocast_enabled("auto", cpu), autocast_enabled(True, cpu), autocast_enabled(False, cpu)) == (
+        native,
+        True,
+        False,
+    )
+    for bad in ("yes", 1):
+        with pytest.raises(EdgememError, match='autocast must be true, false or "auto"'):
+            replace(config, autocast=bad)
     if not torch.cuda.is_available():
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(EdgememError, match="no CUDA device"):
