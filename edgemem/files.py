@@ -41,7 +41,7 @@ def lock_exclusively(handle: IO, busy: str) -> None:
     """Take an advisory lock on the open file `handle`, held until it is closed; where another
     process (or another open of the same file) holds it, raise EdgememError(busy) at once. The OS
     drops the lock when its process dies, so a killed run leaves nothing stale. Where the platform
-    has no `flock` (Windows), nothing is locked."""
+    has no `flock` (Windows) or the file system refuses it, nothing is locked."""
     try:
         import fcntl
     except ImportError:
@@ -52,6 +52,8 @@ def lock_exclusively(handle: IO, busy: str) -> None:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise EdgememError(busy) from None
+    except OSError:  # a file system without locks (ENOLCK, EOPNOTSUPP): go on unguarded
+        return
 
 
 def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:
