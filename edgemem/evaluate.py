@@ -12,6 +12,8 @@ cache full attention over the whole context would need.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -187,8 +189,8 @@ def run(
     `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
     such runs have their own label and file (`armt-s64`), and every armt line records its length.
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
-    lines record it, and an item is done only for its build. One process at a time writes a
-    results file: a second `run` on it is refused while the first holds its lock.
+    lines record it, and an item is done only for its build. One process at a time runs a length
+    bin of a results file: a second `run` of that bin is refused while the first holds it.
 
     Items run deepest needle first, so each shares with the one before it all the haystack before
     its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
@@ -215,11 +217,8 @@ def run(
     runner = None
     path.parent.mkdir(parents=True, exist_ok=True)
     ran = skipped = correct = 0
-    with open(path, "a", encoding="utf-8") as out:
-        # one writer per results file: two would both run the items neither had done yet
-        lock_exclusively(
-            out, f"{path} is being written by another edgemem eval: wait for it, or use another --results"
-        )
+    with contextlib.ExitStack() as held, open(path, "a", encoding="utf-8") as out:
+        _hold_bins(held, path, lengths)
         done = _done_ids(path, memory_key(armt_fields) if armt_fields else None, corpora_id)
         for length in lengths:
             todo = [it for it in items(length) if it.id not in done]
@@ -253,6 +252,22 @@ def run(
                         f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
                     )
     return RunReport(path, ran, skipped, correct)
+
+
+def _hold_bins(held: contextlib.ExitStack, path: Path, lengths: list[int]) -> None:
+    """Lock each length bin of a results file for this run (until `held` closes). Two runs of one
+    bin would both run the items neither had done yet, and its row would count them twice; runs
+    of other bins of the same file (the timed sweep runs 32k beside 1k-16k) go on side by side.
+    The lock files live in the cache directory, keyed by the results file's absolute path."""
+    from edgemem.paths import cache_dir
+
+    folder = cache_dir() / "locks"
+    folder.mkdir(exist_ok=True)
+    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    for length in lengths:
+        handle = held.enter_context(open(folder / f"eval-{key}-{length}.lock", "a"))  # noqa: SIM115
+        busy = f"{path}: the {length // 1024}k bin is being run by another edgemem eval"
+        lock_exclusively(handle, f"{busy}: wait for it, or run other --lengths")
 
 
 def result_record(

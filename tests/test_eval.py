@@ -189,20 +189,22 @@ def test_lines_of_another_corpora_build_run_again_and_a_row_holds_one_build(tmp_
     assert (row["n"], row["accuracy"]) == (2, 0.0)
 
 
-def test_a_results_file_has_one_writer_at_a_time(tmp_path):
-    """Two evals into one results file would both run the items neither had done yet (and the
-    row would count them twice): while one holds the file, a second is refused, and runs once the
-    first lets go."""
-    from edgemem.files import lock_exclusively
+def test_a_length_bin_of_a_results_file_has_one_run_at_a_time(tmp_path):
+    """Two evals of one bin into one results file would both run the items neither had done yet
+    (and the row would count them twice): while one holds the bin, a second run of it is refused,
+    other bins of the same file run beside it, and the bin runs once the first lets go."""
+    import contextlib
+
+    from edgemem.evaluate import _hold_bins
 
     target = tmp_path / "m" / f"niah.{method_label('oracle', 'hf', None)}.jsonl"
-    target.parent.mkdir()
     kwargs = dict(log=lambda s: None, items=lambda n: [], corpora="here")
-    with open(target, "a") as first:
-        lock_exclusively(first, "held")
-        with pytest.raises(EdgememError, match="being written by another edgemem eval"):
-            run("niah", [1024], "oracle", 1, "m", "hf", None, tmp_path, **kwargs)
-    assert run("niah", [1024], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
+    with contextlib.ExitStack() as first:
+        _hold_bins(first, target, [16384])
+        with pytest.raises(EdgememError, match="the 16k bin is being run by another edgemem eval"):
+            run("niah", [1024, 16384], "oracle", 1, "m", "hf", None, tmp_path, **kwargs)
+        assert run("niah", [1024, 32768], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
+    assert run("niah", [16384], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
 
 
 def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
