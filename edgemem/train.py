@@ -172,7 +172,7 @@ class TrainConfig:
             raise EdgememError("a training config needs at least one stage")
         if not 0 < self.memory_lr_scale <= 1000:
             raise EdgememError(f"memory_lr_scale must lie in (0, 1000], not {self.memory_lr_scale}")
-        if self.autocast not in (True, False, "auto") or not isinstance(self.autocast, bool | str):
+        if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
     @property
