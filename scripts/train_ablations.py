@@ -200,11 +200,16 @@ def run(names: list[str], threads: int | None, until: int | None = None) -> None
 
 def train_one(cmd: list[str], name: str) -> None:
     """Run one `edgemem train` to its end. A SIGTERM to this script stops it too: left running, the
-    training would go on without the script (and hold its folder's lock)."""
+    training would go on without the script (and hold its folder's lock). Ctrl-C reaches both
+    processes (one process group): the script waits for the training to stop, then says so in one
+    line instead of a traceback."""
     child = subprocess.Popen(cmd, cwd=ROOT)
     previous = signal.signal(signal.SIGTERM, lambda *_: child.terminate())
     try:
         code = child.wait()
+    except KeyboardInterrupt:
+        code = child.wait()
+        sys.exit(f"{name}: interrupted (edgemem train exit status {code}); the same command resumes it")
     finally:
         signal.signal(signal.SIGTERM, previous)
     if code != 0:

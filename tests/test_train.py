@@ -601,6 +601,37 @@ def test_ablation_script_stopped_by_sigterm_stops_its_training_too():
         pytest.fail("the training child outlived the script")
 
 
+def test_ablation_script_on_ctrl_c_waits_for_its_training_and_says_so_in_one_line():
+    """Ctrl-C sends SIGINT to the script and its training (one process group): the script waits
+    for the training to stop and prints one line, not a KeyboardInterrupt traceback."""
+    import signal
+
+    sleeper = (
+        "import os, signal, sys, time; signal.signal(signal.SIGINT, lambda *_: sys.exit(130)); "
+        "print(os.getpid(), flush=True); time.sleep(120)"
+    )
+    path = str(REPO / "scripts" / "train_ablations.py")
+    driver = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        f"t.train_one([sys.executable, '-c', {sleeper!r}], 'branch')\n"
+    )
+    script = subprocess.Popen(
+        [sys.executable, "-c", driver],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives
+    )
+    int(script.stdout.readline())
+    os.killpg(script.pid, signal.SIGINT)
+    assert script.wait(timeout=30) == 1
+    err = script.stderr.read()
+    assert "Traceback" not in err
+    assert err.strip() == "branch: interrupted (edgemem train exit status 130); the same command resumes it"
+
+
 def test_loss_table_gives_each_stages_mean_loss_and_the_evaluations(tmp_path, capsys):
     module = load_script("train_loss_table")
     log = tmp_path / "log.jsonl"
