@@ -79,6 +79,17 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def precision(train_config: dict) -> str:
+    """How the run computed: float32 weights, with bf16 autocast where its config turned it on. An
+    `"auto"` setting is resolved on this machine: right when it is the machine that trained."""
+    from edgemem.train import autocast_enabled
+
+    setting = train_config.get("autocast", False)
+    on = autocast_enabled(setting, torch.device("cpu"))
+    where = " (`autocast = auto`, resolved on the machine that shipped it)" if setting == "auto" else ""
+    return ("bf16 autocast" if on else "float32") + where
+
+
 def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
     """(tokens, seconds of step time, held-out evaluations) of the run up to `last_step`."""
     tokens, seconds, evals = 0, 0.0, []
@@ -191,7 +202,7 @@ def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: st
         *card_init,
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
-        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, float32, "
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, {precision(train_config)}, "
         f"{train_config['threads']} training threads.",
         data_line(train_config),
         "- Config: the whole training config is in this file's metadata (`train_config`); resumed runs "

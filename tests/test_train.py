@@ -358,6 +358,20 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert "Trained for 3 of the recipe's 3 steps" in card
 
 
+def test_ship_adapter_card_says_how_the_run_computed():
+    """The card's hardware line names the run's precision from its config (it said float32 for
+    every run, also for bf16-autocast ones); `"auto"` is resolved as training resolves it."""
+    from edgemem.train import autocast_enabled
+
+    ship = load_script("ship_adapter")
+    assert ship.precision({"autocast": False}) == "float32"
+    assert ship.precision({}) == "float32"
+    assert ship.precision({"autocast": True}) == "bf16 autocast"
+    auto = ship.precision({"autocast": "auto"})
+    native = autocast_enabled("auto", torch.device("cpu"))
+    assert auto.startswith("bf16 autocast (" if native else "float32 (") and "auto" in auto
+
+
 def test_ship_adapter_card_command_reads_back_every_eval_file():
     """The card records how the adapter shipped; run again, that command must summarise the same
     evaluation files (a repeated `--eval` would keep only the last one)."""
