@@ -144,16 +144,33 @@ def data_line(train_config: dict) -> str:
 
 
 def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
+    """The card's line on where the run started. When the init file is still there with the hash
+    the run recorded, it also says which step of which stages that adapter was (its own metadata)."""
+    from edgemem.errors import EdgememError
+    from edgemem.export.bundle import sha256_file
+
     init = train_config.get("init")
     if not init:
         return []
-    sha = meta.get("init_sha256", "?")[:16]
+    sha = meta.get("init_sha256", "?")
     where = (
         "the adapter shipped before this one at this path (in git history)"
         if Path(init).resolve() == out.resolve()
         else f"the adapter `{init}`"
     )
-    return [f"- Started from {where} (sha256 `{sha}`), trained by an earlier recipe."]
+    line = f"- Started from {where} (sha256 `{sha[:16]}`)"
+    try:
+        if Path(init).is_file() and sha256_file(Path(init)) == sha:
+            earlier, _ = read_safetensors(Path(init), "adapter")
+            stages = json.loads(earlier["train_config"])["stages"]
+            steps = ", ".join(f"{s['name']} {s['steps']}" for s in stages)
+            return [
+                f"{line}: step {int(earlier['train_steps'])} of its own run (stages and steps: {steps}; "
+                "its whole training config is in that file's metadata)."
+            ]
+    except (EdgememError, KeyError, OSError, ValueError):
+        pass
+    return [f"{line}, trained by an earlier recipe."]
 
 
 def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: str) -> tuple[Path, str]:

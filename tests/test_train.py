@@ -372,6 +372,27 @@ def test_ship_adapter_card_says_how_the_run_computed():
     assert auto.startswith("bf16 autocast (" if native else "float32 (") and "auto" in auto
 
 
+def test_ship_adapter_card_says_which_step_of_which_stages_a_run_started_from(tmp_path):
+    """A run continued from another adapter (`init`) ships with a card that says which step of
+    which stages that adapter was, read from its metadata, while the file is there unchanged;
+    once it is gone or changed the card says only that it started from it."""
+    ship = load_script("ship_adapter")
+    first = tiny_config(steps=3, backbone="lora")
+    train(first, tiny_run(first, tmp_path / "a"))
+    init = tmp_path / "a" / "adapter.safetensors"
+    follow = replace(tiny_config(steps=2, backbone="lora"), init=str(init))
+    train(follow, tiny_run(follow, tmp_path / "b"))
+    out = tmp_path / "adapters"
+    out.mkdir()
+    stages = ", ".join(f"{s.name} {s.steps}" for s in first.stages)
+    shipped, _ = ship.ship(tmp_path / "b" / "adapter.safetensors", tmp_path / "b", [], out, "ship")
+    assert f"step 3 of its own run (stages and steps: {stages};" in shipped.with_suffix(".md").read_text()
+    init.write_bytes(init.read_bytes() + b" ")  # another file now: its metadata is not that run's
+    ship.ship(tmp_path / "b" / "adapter.safetensors", tmp_path / "b", [], out, "ship")
+    card = shipped.with_suffix(".md").read_text()
+    assert "of its own run" not in card and "trained by an earlier recipe." in card
+
+
 def test_ship_adapter_card_command_reads_back_every_eval_file():
     """The card records how the adapter shipped; run again, that command must summarise the same
     evaluation files (a repeated `--eval` would keep only the last one)."""
