@@ -603,6 +603,18 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
     ]
 
 
+def ablation_driver(child_code: str) -> str:
+    """Python code that loads scripts/train_ablations.py and runs `train_one` on a child process
+    running `child_code` (in place of `edgemem train`), as branch "branch"."""
+    path = str(REPO / "scripts" / "train_ablations.py")
+    return (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
+        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
+        f"t.train_one([sys.executable, '-c', {child_code!r}], 'branch')\n"
+    )
+
+
 def test_ablation_script_stopped_by_sigterm_stops_its_training_too():
     """`kill` of the ablation script (SIGTERM) ends the training it started: left running, that
     training would go on unseen, and a resumed script would find its folder locked."""
@@ -610,13 +622,7 @@ def test_ablation_script_stopped_by_sigterm_stops_its_training_too():
     import time
 
     sleeper = "import os, time; print(os.getpid(), flush=True); time.sleep(120)"
-    path = str(REPO / "scripts" / "train_ablations.py")
-    driver = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
-        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
-        f"t.train_one([sys.executable, '-c', {sleeper!r}], 'branch')\n"
-    )
+    driver = ablation_driver(sleeper)
     script = subprocess.Popen(
         [sys.executable, "-c", driver], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -645,13 +651,7 @@ def test_ablation_script_on_ctrl_c_waits_for_its_training_and_says_so_in_one_lin
         "import os, signal, sys, time; signal.signal(signal.SIGINT, lambda *_: sys.exit(130)); "
         "print(os.getpid(), flush=True); time.sleep(120)"
     )
-    path = str(REPO / "scripts" / "train_ablations.py")
-    driver = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
-        "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
-        f"t.train_one([sys.executable, '-c', {sleeper!r}], 'branch')\n"
-    )
+    driver = ablation_driver(sleeper)
     script = subprocess.Popen(
         [sys.executable, "-c", driver],
         stdout=subprocess.PIPE,
