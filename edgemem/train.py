@@ -757,6 +757,8 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 1),
             "peak_rss_mb": round(peak_rss_mb()),
+            "precision": "bf16 autocast" if bf16 else "float32",  # a resume may run elsewhere:
+            "threads": torch.get_num_threads(),  # the log says how each step computed
         }
         if "exact" in stats:
             record["exact"] = stats["exact"]

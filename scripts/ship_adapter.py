@@ -21,6 +21,7 @@ import os
 import platform
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -80,8 +81,9 @@ def cpu_name() -> str:
 
 
 def precision(train_config: dict) -> str:
-    """How the run computed: float32 weights, with bf16 autocast where its config turned it on. An
-    `"auto"` setting is resolved on this machine: right when it is the machine that trained."""
+    """How a run computed by its config, for logs from before edgemem logged it per step: float32
+    weights, with bf16 autocast where the config turned it on. An `"auto"` setting is resolved on
+    this machine: right when it is the machine that trained."""
     from edgemem.train import autocast_enabled
 
     setting = train_config.get("autocast", False)
@@ -90,9 +92,31 @@ def precision(train_config: dict) -> str:
     return ("bf16 autocast" if on else "float32") + where
 
 
-def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
-    """(tokens, seconds of step time, held-out evaluations) of the run up to `last_step`."""
-    tokens, seconds, evals = 0, 0.0, []
+def spans(steps: list[dict], key: str, name: Callable[[object], str]) -> str:
+    """`key` of the logged steps, one value or each value with its steps ("2 threads (steps 6-60)")."""
+    runs: list[list] = []  # [first step, last step, value]
+    for rec in steps:
+        if runs and runs[-1][2] == rec[key]:
+            runs[-1][1] = rec["step"]
+        else:
+            runs.append([rec["step"], rec["step"], rec[key]])
+    if len(runs) == 1:
+        return name(runs[0][2])
+    return ", ".join(f"{name(v)} (steps {a}-{b})" if a != b else f"{name(v)} (step {a})" for a, b, v in runs)
+
+
+def compute_line(steps: list[dict], train_config: dict) -> str:
+    """How the run computed: precision and torch threads as its log recorded them step by step (a
+    resumed run may have changed either), or by its config for logs that did not record them."""
+    if not steps or any("precision" not in r or "threads" not in r for r in steps):
+        return f"{precision(train_config)}, {train_config['threads']} training threads (by its config)"
+    threads = spans(steps, "threads", lambda n: f"{n} training thread{'' if n == 1 else 's'}")
+    return f"{spans(steps, 'precision', str)}, {threads}"
+
+
+def log_summary(run: Path, last_step: int) -> tuple[list[dict], list[dict]]:
+    """(step lines, held-out evaluations) of the run's log up to `last_step`."""
+    steps, evals = [], []
     for line in (run / "log.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if rec["step"] > last_step:
@@ -100,9 +124,8 @@ def log_summary(run: Path, last_step: int) -> tuple[int, float, list[dict]]:
         if "eval_exact" in rec:
             evals.append(rec)
         elif "tokens" in rec:
-            tokens += rec["tokens"]
-            seconds += rec["seconds"]
-    return tokens, seconds, evals
+            steps.append(rec)
+    return steps, evals
 
 
 def eval_rows(files: list[Path], file_id: str) -> list[str]:
@@ -195,7 +218,8 @@ def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: st
 
     size = out.stat().st_size / 1e6
     file_id = adapter_id(model, str(out))
-    tokens, seconds, held = log_summary(run, step)
+    steps, held = log_summary(run, step)
+    tokens, seconds = sum(r["tokens"] for r in steps), sum(r["seconds"] for r in steps)
     params = sum(t.numel() for t in tensors.values())
     held_out = []
     if held:
@@ -219,8 +243,7 @@ def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: st
         *card_init,
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
-        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads, {precision(train_config)}, "
-        f"{train_config['threads']} training threads.",
+        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads; {compute_line(steps, train_config)}.",
         data_line(train_config),
         "- Config: the whole training config is in this file's metadata (`train_config`); resumed runs "
         "continue exactly (checkpoints hold optimizer state, step and RNG).",

@@ -358,12 +358,41 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert "Trained for 3 of the recipe's 3 steps" in card
 
 
-def test_ship_adapter_card_says_how_the_run_computed():
-    """The card's hardware line names the run's precision from its config (it said float32 for
-    every run, also for bf16-autocast ones); `"auto"` is resolved as training resolves it."""
+def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
+    """Every step line of the log records its precision and torch threads, and the card's hardware
+    line says them from the log: a run resumed with another thread count says which steps ran how
+    (it once named the config's threads and resolved `"auto"` on the shipping machine)."""
+    ship = load_script("ship_adapter")
+    config = tiny_config(steps=3, backbone="lora")
+    threads = torch.get_num_threads()
+    try:
+        for n, steps in ((1, 2), (2, 1)):
+            torch.set_num_threads(n)
+            train(config, tiny_run(config, tmp_path / "run"), max_steps=steps)
+    finally:
+        torch.set_num_threads(threads)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [(r["precision"], r["threads"]) for r in lines if "tokens" in r] == [("float32", 1)] * 2 + [
+        ("float32", 2)
+    ]
+    out = tmp_path / "adapters"
+    out.mkdir()
+    shipped, _ = ship.ship(tmp_path / "run" / "adapter.safetensors", tmp_path / "run", [], out, "ship")
+    card = shipped.with_suffix(".md").read_text()
+    assert "; float32, 1 training thread (steps 1-2), 2 training threads (step 3)." in card
+
+
+def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_config():
+    """Logs from before the step lines recorded precision and threads: the card names the run's
+    precision from its config (it said float32 for every run, also for bf16-autocast ones);
+    `"auto"` is resolved as training resolves it, and the line says it comes from the config."""
     from edgemem.train import autocast_enabled
 
     ship = load_script("ship_adapter")
+    old = [{"step": 1, "tokens": 10, "seconds": 1.0}]
+    assert ship.compute_line(old, {"autocast": True, "threads": 2}) == (
+        "bf16 autocast, 2 training threads (by its config)"
+    )
     assert ship.precision({"autocast": False}) == "float32"
     assert ship.precision({}) == "float32"
     assert ship.precision({"autocast": True}) == "bf16 autocast"
