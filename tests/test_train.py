@@ -634,10 +634,13 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
 
 def ablation_driver(child_code: str) -> str:
     """Python code that loads scripts/train_ablations.py and runs `train_one` on a child process
-    running `child_code` (in place of `edgemem train`), as branch "branch"."""
+    running `child_code` (in place of `edgemem train`), as branch "branch". SIGINT raises
+    KeyboardInterrupt in it, as in a script started from a terminal, also when the suite runs in a
+    background job (which starts it with SIGINT ignored, and Python then keeps it ignored)."""
     path = str(REPO / "scripts" / "train_ablations.py")
     return (
-        "import importlib.util, sys\n"
+        "import importlib.util, signal, sys\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         f"spec = importlib.util.spec_from_file_location('t', {path!r})\n"
         "t = importlib.util.module_from_spec(spec); spec.loader.exec_module(t)\n"
         f"t.train_one([sys.executable, '-c', {child_code!r}], 'branch')\n"
