@@ -3,7 +3,7 @@
 A run is a folder: `config.toml` (a copy of what it was started with), `checkpoint.safetensors`
 (trainable parameters, AdamW state, step and the torch RNG: resumed exactly), `adapter.safetensors`
 (the memory adapter at the last checkpoint, what `--adapter` loads), `log.jsonl` (one line per
-step, one per evaluation) and `curves.png` (`edgemem train plot`).
+step, one per evaluation) and `curves.png` (`edgemem train --plot --out RUN`).
 
 Stages run in order. Each stage has its own task, segment length, number of written segments
 (sampled per batch from a list: the curriculum), learning rate with linear warm-up and cosine
