@@ -93,7 +93,8 @@ def precision(train_config: dict) -> str:
 
 
 def spans(steps: list[dict], key: str, name: Callable[[object], str]) -> str:
-    """`key` of the logged steps, one value or each value with its steps ("2 threads (steps 6-60)")."""
+    """`key` of the logged steps named by `name`: the one value, or each value with its steps
+    ("1 training thread (steps 1-5), 2 training threads (steps 6-60)")."""
     runs: list[list] = []  # [first step, last step, value]
     for rec in steps:
         if runs and runs[-1][2] == rec[key]:
@@ -109,7 +110,8 @@ def compute_line(steps: list[dict], train_config: dict) -> str:
     """How the run computed: precision and torch threads as its log recorded them step by step (a
     resumed run may have changed either), or by its config for logs that did not record them."""
     if not steps or any("precision" not in r or "threads" not in r for r in steps):
-        return f"{precision(train_config)}, {train_config['threads']} training threads (by its config)"
+        threads = train_config.get("threads") or "torch's default"
+        return f"{precision(train_config)}, {threads} training threads (by its config)"
     threads = spans(steps, "threads", lambda n: f"{n} training thread{'' if n == 1 else 's'}")
     return f"{spans(steps, 'precision', str)}, {threads}"
 

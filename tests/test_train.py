@@ -393,6 +393,8 @@ def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_conf
     assert ship.compute_line(old, {"autocast": True, "threads": 2}) == (
         "bf16 autocast, 2 training threads (by its config)"
     )
+    default = ship.compute_line(old, {"threads": 0})  # 0: the run left torch's default
+    assert default == "float32, torch's default training threads (by its config)"
     assert ship.precision({"autocast": False}) == "float32"
     assert ship.precision({}) == "float32"
     assert ship.precision({"autocast": True}) == "bf16 autocast"
