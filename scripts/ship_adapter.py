@@ -22,6 +22,7 @@ import platform
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -95,15 +96,12 @@ def precision(train_config: dict) -> str:
 def spans(steps: list[dict], key: str, name: Callable[[object], str]) -> str:
     """`key` of the logged steps named by `name`: the one value, or each value with its steps
     ("1 training thread (steps 1-5), 2 training threads (steps 6-60)")."""
-    runs: list[list] = []  # [first step, last step, value]
-    for rec in steps:
-        if runs and runs[-1][2] == rec[key]:
-            runs[-1][1] = rec["step"]
-        else:
-            runs.append([rec["step"], rec["step"], rec[key]])
+    runs = [(v, [r["step"] for r in g]) for v, g in groupby(steps, key=lambda r: r[key])]
     if len(runs) == 1:
-        return name(runs[0][2])
-    return ", ".join(f"{name(v)} (steps {a}-{b})" if a != b else f"{name(v)} (step {a})" for a, b, v in runs)
+        return name(runs[0][0])
+    return ", ".join(
+        f"{name(v)} (steps {s[0]}-{s[-1]})" if len(s) > 1 else f"{name(v)} (step {s[0]})" for v, s in runs
+    )
 
 
 def compute_line(steps: list[dict], train_config: dict) -> str:
