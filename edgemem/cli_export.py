@@ -103,8 +103,8 @@ def export_cmd(
     import torch
 
     from edgemem.assistant import Assistant
-    from edgemem.export.bundle import sha256_file
     from edgemem.export.onnx import export_bundle
+    from edgemem.files import sha256_file
 
     with err.status(f"loading {model}..."):
         assistant = Assistant.open(model, adapter, segment_len, dtype=torch.float32)

@@ -86,7 +86,7 @@ def adapter_id(model: str, adapter: str | None) -> str:
     (the one given, else the one shipped for the model), or UNTRAINED. Recorded on every armt
     line, so items run with another memory are neither skipped on resume nor mixed in a row."""
     from edgemem.assistant import shipped_adapter
-    from edgemem.export.bundle import sha256_file
+    from edgemem.files import sha256_file
     from edgemem.models import REGISTRY
 
     path = Path(adapter).expanduser() if adapter else (shipped_adapter(model) if model in REGISTRY else None)

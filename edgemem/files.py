@@ -1,11 +1,13 @@
-"""Atomic file writes: a temporary file next to the target, fsynced, then renamed over it.
+"""The project's file helpers: atomic writes, advisory locks, content hashes, safetensors reads.
 
-A reader (or a process killed half-way through the write) sees the old file or the new one,
-never a torn one.
+An atomic write goes to a temporary file next to the target, fsynced, then renamed over it: a
+reader (or a process killed half-way through the write) sees the old file or the new one, never a
+torn one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Callable
@@ -18,6 +20,7 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide results and bundles from other users
     os.close(fd)
     try:
         write(tmp)
@@ -35,6 +38,15 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file's bytes, read in 4 MiB blocks (model files are hundreds of MB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def lock_exclusively(handle: IO, busy: str) -> None:

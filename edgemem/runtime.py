@@ -39,8 +39,8 @@ from edgemem.export.bundle import (
     check_fits,
     inside,
     read_manifest,
-    sha256_file,
 )
+from edgemem.files import sha256_file
 
 if TYPE_CHECKING:
     import onnxruntime as ort

@@ -804,7 +804,7 @@ def _init_meta(config: TrainConfig, out: Path, resumed: bool) -> dict[str, str]:
         with safe_open(str(own), framework="pt") as handle:
             if recorded := (handle.metadata() or {}).get("init_sha256"):
                 return {"init_sha256": recorded}
-    from edgemem.export.bundle import sha256_file
+    from edgemem.files import sha256_file
 
     return {"init_sha256": sha256_file(Path(config.init))}
 

@@ -16,14 +16,12 @@ Every path in a manifest is relative and must stay inside the bundle.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_text, sha256_file
 
 FORMAT = "edgemem-bundle/1"
 MANIFEST = "manifest.json"
@@ -169,14 +167,6 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_manifest(root: str | Path, verify: bool = False) -> Manifest:
     """Read and check a bundle's manifest: format, fields, paths inside the bundle, files present
     with their recorded sizes (and sha256 when `verify`). Any problem is one EdgememError line."""
@@ -249,14 +239,4 @@ def check_fits(
 
 def write_manifest(root: Path, manifest: Manifest) -> None:
     """Write manifest.json atomically (temporary file, fsync, rename)."""
-    fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=root)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(manifest.to_json())
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, root / MANIFEST)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write_text(root / MANIFEST, manifest.to_json())

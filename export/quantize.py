@@ -16,7 +16,8 @@ import tempfile
 from pathlib import Path
 
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import GraphSpec, Manifest, read_manifest, sha256_file, write_manifest
+from edgemem.export.bundle import GraphSpec, Manifest, read_manifest, write_manifest
+from edgemem.files import sha256_file
 
 MEMORY_SCOPE = ".memory.W_"  # name scope of the memory projections in the exported graphs
 

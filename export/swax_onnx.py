@@ -30,8 +30,9 @@ import torch
 from torch import Tensor, nn
 
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import ANSWER_GRAPH, STEP_GRAPH, GraphSpec, Manifest, sha256_file, write_manifest
+from edgemem.export.bundle import ANSWER_GRAPH, STEP_GRAPH, GraphSpec, Manifest, write_manifest
 from edgemem.export.onnx import OPSET, _export, _versions, replace_folder
+from edgemem.files import sha256_file
 from edgemem.swax import POSITION, SwaxModel, SwaxState
 from edgemem.swax_runtime import ARCHITECTURE, segment_hash, swax_model_id
 

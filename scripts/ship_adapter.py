@@ -170,7 +170,7 @@ def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
     """The card's line on where the run started. When the init file is still there with the hash
     the run recorded, it also says which step of which stages that adapter was (its own metadata)."""
     from edgemem.errors import EdgememError
-    from edgemem.export.bundle import sha256_file
+    from edgemem.files import sha256_file
 
     init = train_config.get("init")
     if not init:

@@ -27,8 +27,9 @@ from edgemem.assistant import Assistant
 from edgemem.cli import app
 from edgemem.documents import iter_text, scan
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import MANIFEST, check_fits, read_manifest, sha256_file
+from edgemem.export.bundle import MANIFEST, check_fits, read_manifest
 from edgemem.export.quantize import quantize_bundle
+from edgemem.files import sha256_file
 from edgemem.runtime import OrtEngine, OrtOptions, TorchRuntime, open_engine
 from edgemem.store import Library
 
@@ -544,7 +545,6 @@ def test_bench_runtimes_reports_the_median_of_its_rounds():
 def default_engine(tiny):
     """The tiny bundle posing as SmolLM2's exported engine in the default place (removed after)."""
     from edgemem.assistant import shipped_adapter
-    from edgemem.export.bundle import sha256_file
     from edgemem.models import REGISTRY
     from edgemem.runtime import default_engine_dir
 

@@ -18,7 +18,7 @@ from tiny import VOCAB, tiny_llama
 from edgemem.armt import ARMT, read_adapter, save_adapter
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
-from edgemem.export.bundle import sha256_file
+from edgemem.files import sha256_file
 from edgemem.train import (
     FINAL_FRACTION,
     ProseTasks,
