@@ -759,7 +759,10 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             "peak_rss_mb": round(peak_rss_mb()),
             "precision": "bf16 autocast" if bf16 else "float32",  # a resume may run elsewhere:
             "threads": torch.get_num_threads(),  # the log says how each step computed
+            "device": device_name(armt.write_embeddings.device),
         }
+        if armt.write_embeddings.device.type == "cuda":
+            record["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
         if "exact" in stats:
             record["exact"] = stats["exact"]
         if run.rank == 0:
@@ -822,6 +825,11 @@ def autocast_context(armt: ARMT, enabled: bool) -> contextlib.AbstractContextMan
     """bf16 autocast on the model's device (the memory itself computes in float32 regardless)."""
     device = armt.write_embeddings.device.type
     return torch.autocast(device, dtype=torch.bfloat16, enabled=enabled)
+
+
+def device_name(device: torch.device) -> str:
+    """How a step's log line names where it ran: "cpu", or the GPU's name ("NVIDIA H200")."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GPU paths of issue 4 that the CPU development machine could not run, checked and timed in one
-# short run on a machine with an NVIDIA GPU. Run from the repository root:
+# The GPU paths of issues 4 and 8 that the CPU development machine could not run, checked and timed
+# in one short run on a machine with an NVIDIA GPU. Run from the repository root:
 #
 #     scripts/gpu_check.sh [OUT]            # OUT: where the logs go (default gpu-check/)
 #     GPU_CHECK_REAL=1 scripts/gpu_check.sh # also SmolLM2: export with TensorRT plans, bench runtimes
@@ -19,6 +19,9 @@
 #             against ONNX Runtime (state, logits, greedy ids, `ask --engine`); the CUDA execution
 #             provider against the CPU provider
 #   plugin    scripts/trt_plugin_probe.py: whether this TensorRT can register and build a plugin
+#   train-bN  the training step on the GPU: 3 steps of the recall-longer stage (64 written segments
+#             of 128, bf16 autocast, recomputation; a fresh memory, as its `init` is not in git) at
+#             batch 4 and 16; OUT/train-bN/log.jsonl has each step's seconds, tokens/s, peak_cuda_mb
 #   real      (GPU_CHECK_REAL=1) SmolLM2 exported with --to tensorrt, `edgemem bench runtimes` on
 #             torch fp32 (the PyTorch backend runs on the CPU) and the TensorRT plans
 # Run it here with no GPU and every step reports its skip: that is the dry run of this script.
@@ -68,10 +71,10 @@ step kernels-time env TRITON_INTERPRET=0 python - <<'EOF'
 # Fused Triton kernels vs the PyTorch reference at SmolLM2's shapes: DPFP-3 of d_mem 64 (K = 384),
 # D = 576, a 512-token read, a 16-token write; median of 50 CUDA-event timings after 10 warm-ups.
 import json, statistics, torch
-from edgemem.kernels import reference, triton_ops as fused
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # before importing triton, which a CPU machine may not have
     print("skipped: no GPU")
     raise SystemExit(0)
+from edgemem.kernels import reference, triton_ops as fused
 dev = "cuda"
 B, T, M, d, D = 1, 512, 16, 64, 576
 x = torch.randn(B, T, d, device=dev)
@@ -101,6 +104,21 @@ EOF
 step engines python -m pytest -q -rs tests/test_export.py -k "tensorrt or cuda"
 
 step plugin python scripts/trt_plugin_probe.py
+
+for B in 4 16; do
+    if [ "$GPU" != 1 ]; then
+        echo "train-b$B: skipped: torch sees no CUDA GPU" | tee -a "$SUMMARY"
+        continue
+    fi
+    mkdir -p "$OUT/train-b$B"
+    rm -f "$OUT/train-b$B"/{log.jsonl,checkpoint.safetensors,adapter.safetensors}
+    sed -e '/^init = /d' -e 's/^segments = .*/segments = [64]/' -e "s/^batch_size = .*/batch_size = $B/" \
+        -e 's/^eval_every = .*/eval_every = 0/' configs/train/smollm2-135m-recall-longer.toml \
+        >"$OUT/train-b$B/config.toml"
+    step "train-b$B" edgemem train "$OUT/train-b$B/config.toml" --out "$OUT/train-b$B" --max-steps 3
+    python -c "import json,sys; [print({k: r[k] for k in ('step', 'seconds', 'tokens_per_s', 'peak_cuda_mb') if k in r}) for r in map(json.loads, open(sys.argv[1]))]" \
+        "$OUT/train-b$B/log.jsonl" 2>/dev/null | tee -a "$OUT/train-b$B.log"
+done
 
 if [ "${GPU_CHECK_REAL:-0}" = 1 ]; then
     BUNDLE="$OUT/smol-trt"

@@ -93,25 +93,31 @@ def precision(train_config: dict) -> str:
     return ("bf16 autocast" if on else "float32") + where
 
 
-def spans(steps: list[dict], key: str, name: Callable[[object], str]) -> str:
-    """`key` of the logged steps named by `name`: the one value, or each value with its steps
+def spans(steps: list[dict], value: Callable[[dict], str]) -> str:
+    """`value` of each logged step: the one value, or each value with its steps
     ("1 training thread (steps 1-5), 2 training threads (steps 6-60)")."""
-    runs = [(v, [r["step"] for r in g]) for v, g in groupby(steps, key=lambda r: r[key])]
+    runs = [(v, [r["step"] for r in g]) for v, g in groupby(steps, key=value)]
     if len(runs) == 1:
-        return name(runs[0][0])
-    return ", ".join(
-        f"{name(v)} (steps {s[0]}-{s[-1]})" if len(s) > 1 else f"{name(v)} (step {s[0]})" for v, s in runs
-    )
+        return runs[0][0]
+    return ", ".join(f"{v} (steps {s[0]}-{s[-1]})" if len(s) > 1 else f"{v} (step {s[0]})" for v, s in runs)
+
+
+def where(step: dict) -> str:
+    """Where a logged step ran: its GPU by name, or its CPU threads (lines before `device` was
+    logged ran on the CPU: every run so far)."""
+    if step.get("device", "cpu") != "cpu":
+        return step["device"]
+    n = step["threads"]
+    return f"{n} training thread{'' if n == 1 else 's'}"
 
 
 def compute_line(steps: list[dict], train_config: dict) -> str:
-    """How the run computed: precision and torch threads as its log recorded them step by step (a
-    resumed run may have changed either), or by its config for logs that did not record them."""
+    """How the run computed: precision and where (CPU threads or GPU) as its log recorded them step
+    by step (a resumed run may have changed either), or by its config for logs that did not."""
     if not steps or any("precision" not in r or "threads" not in r for r in steps):
         threads = train_config.get("threads") or "torch's default"
         return f"{precision(train_config)}, {threads} training threads (by its config)"
-    threads = spans(steps, "threads", lambda n: f"{n} training thread{'' if n == 1 else 's'}")
-    return f"{spans(steps, 'precision', str)}, {threads}"
+    return f"{spans(steps, lambda r: r['precision'])}, {spans(steps, where)}"
 
 
 def log_summary(run: Path, last_step: int) -> tuple[list[dict], list[dict]]:

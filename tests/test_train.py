@@ -372,14 +372,28 @@ def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
     finally:
         torch.set_num_threads(threads)
     lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
-    assert [(r["precision"], r["threads"]) for r in lines if "tokens" in r] == [("float32", 1)] * 2 + [
-        ("float32", 2)
-    ]
+    assert [(r["precision"], r["threads"], r["device"]) for r in lines if "tokens" in r] == [
+        ("float32", 1, "cpu")
+    ] * 2 + [("float32", 2, "cpu")]
     out = tmp_path / "adapters"
     out.mkdir()
     shipped, _ = ship.ship(tmp_path / "run" / "adapter.safetensors", tmp_path / "run", [], out, "ship")
     card = shipped.with_suffix(".md").read_text()
     assert "; float32, 1 training thread (steps 1-2), 2 training threads (step 3)." in card
+
+
+def test_ship_adapter_card_names_the_gpu_a_resumed_run_moved_to():
+    """A run begun on the CPU and resumed on a GPU: the card's hardware line names the GPU for its
+    steps (threads say nothing there), and the CPU's threads for the others."""
+    ship = load_script("ship_adapter")
+    cpu = {"precision": "bf16 autocast", "threads": 2, "device": "cpu"}
+    gpu = {"precision": "bf16 autocast", "threads": 16, "device": "NVIDIA H200"}
+    steps = [{"step": 1, **cpu}, {"step": 2, **cpu}, {"step": 3, **gpu}, {"step": 4, **gpu}]
+    assert ship.compute_line(steps, {}) == (
+        "bf16 autocast, 2 training threads (steps 1-2), NVIDIA H200 (steps 3-4)"
+    )
+    before_device = [{"step": 1, "precision": "float32", "threads": 1}]  # lines before `device`
+    assert ship.compute_line(before_device, {}) == "float32, 1 training thread"
 
 
 def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_config():
