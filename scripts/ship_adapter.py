@@ -113,11 +113,19 @@ def where(step: dict) -> str:
 
 def compute_line(steps: list[dict], train_config: dict) -> str:
     """How the run computed: precision and where (CPU threads or GPU) as its log recorded them step
-    by step (a resumed run may have changed either), or by its config for logs that did not."""
-    if not steps or any("precision" not in r or "threads" not in r for r in steps):
-        threads = train_config.get("threads") or "torch's default"
+    by step (a resumed run may have changed either), or by its config for logs that did not. A
+    log begun before the fields and resumed after says which steps come from the config."""
+    threads = train_config.get("threads") or "torch's default"
+    if not any("precision" in r and "threads" in r for r in steps):
         return f"{precision(train_config)}, {threads} training threads (by its config)"
-    return f"{spans(steps, lambda r: r['precision'])}, {spans(steps, where)}"
+
+    def logged(r: dict, value: Callable[[dict], str], config_value: str) -> str:
+        return value(r) if "precision" in r and "threads" in r else f"{config_value} by its config"
+
+    return (
+        f"{spans(steps, lambda r: logged(r, lambda s: s['precision'], precision(train_config)))}, "
+        f"{spans(steps, lambda r: logged(r, where, f'{threads} training threads'))}"
+    )
 
 
 def log_summary(run: Path, last_step: int) -> tuple[list[dict], list[dict]]:

@@ -396,6 +396,18 @@ def test_ship_adapter_card_names_the_gpu_a_resumed_run_moved_to():
     assert ship.compute_line(before_device, {}) == "float32, 1 training thread"
 
 
+def test_ship_adapter_card_of_a_log_resumed_across_the_logging_change_says_which_steps_are_by_config():
+    """A run begun before step lines recorded precision and threads and resumed after: the logged
+    steps say how they ran, the older ones what the config says, marked as such (the whole line fell
+    back on the config before, hiding what the log knew)."""
+    ship = load_script("ship_adapter")
+    steps = [{"step": 1}, {"step": 2}, {"step": 3, "precision": "bf16 autocast", "threads": 2}]
+    assert ship.compute_line(steps, {"autocast": True, "threads": 2}) == (
+        "bf16 autocast by its config (steps 1-2), bf16 autocast (step 3), "
+        "2 training threads by its config (steps 1-2), 2 training threads (step 3)"
+    )
+
+
 def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_config():
     """Logs from before the step lines recorded precision and threads: the card names the run's
     precision from its config (it said float32 for every run, also for bf16-autocast ones);
