@@ -20,7 +20,8 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide results and bundles from other users
+    if hasattr(os, "fchmod"):  # mkstemp gives 0600, which would hide adapters and bundles from others
+        os.fchmod(fd, 0o644)  # (Windows has no fchmod before Python 3.13, nor those modes)
     os.close(fd)
     try:
         write(tmp)
