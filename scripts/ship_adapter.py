@@ -83,14 +83,13 @@ def cpu_name() -> str:
 
 def precision(train_config: dict) -> str:
     """How a run computed by its config, for logs from before edgemem logged it per step: float32
-    weights, with bf16 autocast where the config turned it on. An `"auto"` setting is resolved on
-    this machine: right when it is the machine that trained."""
-    from edgemem.train import autocast_enabled
-
+    weights, with bf16 autocast where the config turned it on. An `"auto"` setting cannot be
+    resolved after the fact (it depends on the CPU that trained, which such a log does not name;
+    resolving it on the shipping machine once called a bf16 run float32), so it is said as such."""
     setting = train_config.get("autocast", False)
-    on = autocast_enabled(setting, torch.device("cpu"))
-    where = " (`autocast = auto`, resolved on the machine that shipped it)" if setting == "auto" else ""
-    return ("bf16 autocast" if on else "float32") + where
+    if setting == "auto":
+        return "bf16 autocast where the CPU runs bf16 natively, else float32 (`autocast = auto`)"
+    return "bf16 autocast" if setting else "float32"
 
 
 def spans(steps: list[dict], value: Callable[[dict], str]) -> str:

@@ -411,9 +411,7 @@ def test_ship_adapter_card_of_a_log_resumed_across_the_logging_change_says_which
 def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_config():
     """Logs from before the step lines recorded precision and threads: the card names the run's
     precision from its config (it said float32 for every run, also for bf16-autocast ones);
-    `"auto"` is resolved as training resolves it, and the line says it comes from the config."""
-    from edgemem.train import autocast_enabled
-
+    `"auto"` is named as the rule it is, and the line says it comes from the config."""
     ship = load_script("ship_adapter")
     old = [{"step": 1, "tokens": 10, "seconds": 1.0}]
     assert ship.compute_line(old, {"autocast": True, "threads": 2}) == (
@@ -424,9 +422,10 @@ def test_ship_adapter_card_of_an_older_log_says_how_the_run_computed_by_its_conf
     assert ship.precision({"autocast": False}) == "float32"
     assert ship.precision({}) == "float32"
     assert ship.precision({"autocast": True}) == "bf16 autocast"
-    auto = ship.precision({"autocast": "auto"})
-    native = autocast_enabled("auto", torch.device("cpu"))
-    assert auto.startswith("bf16 autocast (" if native else "float32 (") and "auto" in auto
+    # "auto" depends on the CPU that trained, which an old log does not name: said, not resolved here
+    assert ship.precision({"autocast": "auto"}) == (
+        "bf16 autocast where the CPU runs bf16 natively, else float32 (`autocast = auto`)"
+    )
 
 
 def test_ship_adapter_card_says_which_step_of_which_stages_a_run_started_from(tmp_path):
