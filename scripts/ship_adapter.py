@@ -114,17 +114,18 @@ def compute_line(steps: list[dict], train_config: dict) -> str:
     """How the run computed: precision and where (CPU threads or GPU) as its log recorded them step
     by step (a resumed run may have changed either), or by its config for logs that did not. A
     log begun before the fields and resumed after says which steps come from the config."""
-    threads = train_config.get("threads") or "torch's default"
-    if not any("precision" in r and "threads" in r for r in steps):
-        return f"{precision(train_config)}, {threads} training threads (by its config)"
+    count = train_config.get("threads") or "torch's default"  # 0: the run left torch's default
+    threads = f"{count} training threads"
+    by_config = precision(train_config)
+    if not any(logged(r) for r in steps):
+        return f"{by_config}, {threads} (by its config)"
+    precisions = spans(steps, lambda r: r["precision"] if logged(r) else f"{by_config} by its config")
+    return f"{precisions}, {spans(steps, lambda r: where(r) if logged(r) else f'{threads} by its config')}"
 
-    def logged(r: dict, value: Callable[[dict], str], config_value: str) -> str:
-        return value(r) if "precision" in r and "threads" in r else f"{config_value} by its config"
 
-    return (
-        f"{spans(steps, lambda r: logged(r, lambda s: s['precision'], precision(train_config)))}, "
-        f"{spans(steps, lambda r: logged(r, where, f'{threads} training threads'))}"
-    )
+def logged(step: dict) -> bool:
+    """Whether a step line records how it computed (lines from before the sixteenth session do not)."""
+    return "precision" in step and "threads" in step
 
 
 def log_summary(run: Path, last_step: int) -> tuple[list[dict], list[dict]]:
