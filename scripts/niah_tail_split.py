@@ -6,7 +6,8 @@ answer segment shows the tail beside the question. This script rebuilds the test
 the given result files (from the prepared corpora, as `edgemem eval` does), tokenizes each
 context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
 over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
-place) per file, split by where the needle was, and how often each file agrees with the first:
+place) per file, split by where the needle was, how often each file agrees with the first, and
+which digits a file's wrong 7-digit answers write in place of which:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 from edgemem.armt import tokenize_stream
@@ -43,6 +44,23 @@ def corpora_note(runs: list[dict[str, dict]], shared: set[str]) -> list[str]:
         other = sum(len({run[i]["tokens"] for run in runs}) > 1 for i in ids)
         lines.append(f"  {length // 1024}k: token counts differ on {other} of {len(ids)} items")
     return lines
+
+
+def wrong_digits(records: list[dict]) -> tuple[Counter, Counter]:
+    """(digits written, gold digits they replaced) over the wrong answers whose digits are as many
+    as the gold number's: where a blurred recall goes. Other wrong answers are not counted."""
+    written: Counter = Counter()
+    replaced: Counter = Counter()
+    for r in records:
+        gold = r["gold"][0]
+        digits = "".join(ch for ch in r["prediction"] if ch.isdigit())
+        if r["correct"] or len(digits) != len(gold):
+            continue
+        for got, want in zip(digits, gold, strict=True):
+            if got != want:
+                written[got] += 1
+                replaced[want] += 1
+    return written, replaced
 
 
 def main() -> None:
@@ -89,6 +107,11 @@ def main() -> None:
         cell = counts[key]
         cells = "  ".join(f"[{k}] {cell[1 + 2 * k]:3d} / {cell[2 + 2 * k]:3d}" for k in range(len(runs)))
         print(f"{key[0]:>4s} {key[1]:7s} of {cell[0]:3d}:  {cells}")
+    for k, run in enumerate(runs):
+        written, replaced = wrong_digits([run[i] for i in shared])
+        top = ", ".join(f"{d} x{n}" for d, n in written.most_common())
+        print(f"  [{k}] {sum(written.values())} wrong digits written: {top}")
+        print(f"       in place of: {', '.join(f'{d} x{n}' for d, n in replaced.most_common())}")
 
 
 if __name__ == "__main__":
