@@ -15,6 +15,7 @@ import io
 import json
 import logging
 import os
+import platform
 import shutil
 import struct
 import tempfile
@@ -123,6 +124,17 @@ def preferred_dtype(device: str = "cpu") -> torch.dtype:
     except OSError:
         return torch.float32
     return torch.bfloat16 if ("avx512_bf16" in flags or "amx_bf16" in flags) else torch.float32
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("AMD EPYC 9B45"), as /proc/cpuinfo says it, else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
 
 
 def check_gguf(path: Path) -> None:

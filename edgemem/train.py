@@ -69,6 +69,7 @@ from edgemem.data.tasks import (
 from edgemem.errors import EdgememError
 from edgemem.evaluate import peak_rss_mb
 from edgemem.files import atomic_write_bytes, atomic_write_text, lock_exclusively, read_safetensors
+from edgemem.models import cpu_model
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
 TASKS = ("lm", "recall", "vt", "docqa", "types", "mix", "tokens")
@@ -712,6 +713,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     adapter_meta = {**run.extra_meta, **_init_meta(config, out, resumed=step > 0)}
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
     bf16 = autocast_enabled(config.autocast, armt.write_embeddings.device)
+    cpu = cpu_model()
     while step < stop_at:
         stage, local = config.stage_at(step)
         S, n = batch_shape(config, step)
@@ -760,6 +762,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             "precision": "bf16 autocast" if bf16 else "float32",  # a resume may run elsewhere:
             "threads": torch.get_num_threads(),  # the log says how each step computed
             "device": device_name(armt.write_embeddings.device),
+            "cpu": cpu,  # the card names the machine that trained, not the one that shipped
         }
         if armt.write_embeddings.device.type == "cuda":
             record["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)

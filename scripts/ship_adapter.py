@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import platform
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -71,16 +69,6 @@ def stage_at(train_config: dict, step: int) -> str:
     return train_config["stages"][-1]["name"]
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def precision(train_config: dict) -> str:
     """How a run computed by its config, for logs from before edgemem logged it per step: float32
     weights, with bf16 autocast where the config turned it on. An `"auto"` setting cannot be
@@ -102,12 +90,21 @@ def spans(steps: list[dict], value: Callable[[dict], str]) -> str:
 
 
 def where(step: dict) -> str:
-    """Where a logged step ran: its GPU by name, or its CPU threads (lines before `device` was
-    logged ran on the CPU: every run so far)."""
+    """Where a logged step ran: its GPU by name, or its CPU threads, after the CPU's name where the
+    line records it (lines before `device` was logged ran on the CPU: every run so far)."""
     if step.get("device", "cpu") != "cpu":
         return step["device"]
     n = step["threads"]
-    return f"{n} training thread{'' if n == 1 else 's'}"
+    threads = f"{n} training thread{'' if n == 1 else 's'}"
+    return f"{step['cpu']}: {threads}" if "cpu" in step else threads
+
+
+def hardware_line(steps: list[dict], train_config: dict) -> str:
+    """The card's hardware line: how and where the run computed, from its log. A CPU step whose line
+    does not name the CPU (runs before that field) is said to be unnamed: the line once named the
+    CPU of the machine shipping the adapter, which need not be the one that trained it."""
+    unnamed = any(r.get("device", "cpu") == "cpu" and "cpu" not in r for r in steps)
+    return compute_line(steps, train_config) + (" (the log does not name the CPU)" if unnamed else "")
 
 
 def compute_line(steps: list[dict], train_config: dict) -> str:
@@ -257,7 +254,7 @@ def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: st
         *card_init,
         f"- Trained for {step} of the recipe's {sum(s['steps'] for s in train_config['stages'])} steps, "
         f"{tokens:,} tokens, {seconds / 3600:.2f} h of step time (evaluations and checkpoints not counted).",
-        f"- Hardware: {cpu_name()}, {os.cpu_count()} CPU threads; {compute_line(steps, train_config)}.",
+        f"- Hardware: {hardware_line(steps, train_config)}.",
         data_line(train_config),
         "- Config: the whole training config is in this file's metadata (`train_config`); resumed runs "
         "continue exactly (checkpoints hold optimizer state, step and RNG).",

@@ -19,6 +19,7 @@ from edgemem.armt import ARMT, read_adapter, save_adapter
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
 from edgemem.files import sha256_file
+from edgemem.models import cpu_model
 from edgemem.train import (
     FINAL_FRACTION,
     ProseTasks,
@@ -375,11 +376,30 @@ def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
     assert [(r["precision"], r["threads"], r["device"]) for r in lines if "tokens" in r] == [
         ("float32", 1, "cpu")
     ] * 2 + [("float32", 2, "cpu")]
+    assert {r["cpu"] for r in lines if "tokens" in r} == {cpu_model()} and cpu_model()
     out = tmp_path / "adapters"
     out.mkdir()
     shipped, _ = ship.ship(tmp_path / "run" / "adapter.safetensors", tmp_path / "run", [], out, "ship")
     card = shipped.with_suffix(".md").read_text()
-    assert "; float32, 1 training thread (steps 1-2), 2 training threads (step 3)." in card
+    assert (
+        f"- Hardware: float32, {cpu_model()}: 1 training thread (steps 1-2), "
+        f"{cpu_model()}: 2 training threads (step 3).\n" in card
+    )
+
+
+def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_machine():
+    """The hardware line names the CPU each step's line records; for lines that record none (runs
+    before the field) it says the log does not name it, where it once named the CPU of the machine
+    that ran ship_adapter, which need not be the one that trained."""
+    ship = load_script("ship_adapter")
+    zen5 = {"precision": "bf16 autocast", "threads": 2, "device": "cpu", "cpu": "AMD EPYC 9B45"}
+    steps = [{"step": 1, **zen5}, {"step": 2, **zen5, "cpu": "AMD EPYC 7B13"}]
+    assert ship.hardware_line(steps, {}) == (
+        "bf16 autocast, AMD EPYC 9B45: 2 training threads (step 1), "
+        "AMD EPYC 7B13: 2 training threads (step 2)"
+    )
+    unnamed = [{"step": 1, "precision": "float32", "threads": 2, "device": "cpu"}]
+    assert ship.hardware_line(unnamed, {}) == ("float32, 2 training threads (the log does not name the CPU)")
 
 
 def test_ship_adapter_card_names_the_gpu_a_resumed_run_moved_to():
