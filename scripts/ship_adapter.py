@@ -104,7 +104,7 @@ def hardware_line(steps: list[dict], train_config: dict) -> str:
     does not name the CPU (runs before that field) is said to be unnamed: the line once named the
     CPU of the machine shipping the adapter, which need not be the one that trained it."""
     unnamed = any(r.get("device", "cpu") == "cpu" and "cpu" not in r for r in steps)
-    return compute_line(steps, train_config) + (" (the log does not name the CPU)" if unnamed else "")
+    return compute_line(steps, train_config) + ("; the log does not name the CPU" if unnamed else "")
 
 
 def compute_line(steps: list[dict], train_config: dict) -> str:

@@ -399,7 +399,7 @@ def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_
         "AMD EPYC 7B13: 2 training threads (step 2)"
     )
     unnamed = [{"step": 1, "precision": "float32", "threads": 2, "device": "cpu"}]
-    assert ship.hardware_line(unnamed, {}) == ("float32, 2 training threads (the log does not name the CPU)")
+    assert ship.hardware_line(unnamed, {}) == "float32, 2 training threads; the log does not name the CPU"
 
 
 def test_ship_adapter_card_names_the_gpu_a_resumed_run_moved_to():
