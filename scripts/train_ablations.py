@@ -3,7 +3,7 @@
 
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [--threads N] [--until STEP] [NAME ...]  # in order (resumable)
-    python scripts/train_ablations.py table [DIR]                    # recall at 2x and 8x the training length
+    python scripts/train_ablations.py table [DIR] [--at STEP]        # recall at 2x and 8x the training length
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
 
 Every run shares one short recipe, the shipped one's learnable start (SmolLM2-135M-Instruct, LoRA
@@ -223,10 +223,11 @@ def evals(name: str, root: Path = OUT) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
 
 
-def table(root: Path = OUT) -> None:
-    """Each branch's last evaluation (the step it was at) and its prefix's recall from one
-    128-token segment at the prefix's end, from the run folders under `root` (or copies of their
-    logs, as docs/train/ablations keeps them)."""
+def table(root: Path = OUT, at: int | None = None) -> None:
+    """Each branch's last evaluation (the step it was at), or its evaluation at step `at` (branches
+    compared at equal compute while some run on; one not there yet shows its last, marked), and its
+    prefix's recall from one 128-token segment at the prefix's end, from the run folders under
+    `root` (or copies of their logs, as docs/train/ablations keeps them)."""
     print("| run | from | prefix recall, 1 x 128 | steps | recall at 2x L (512 tokens) ", end="")
     print("| recall at 8x L (2,048 tokens) |")
     print("|---|---|---:|---:|---:|---:|")
@@ -240,9 +241,11 @@ def table(root: Path = OUT) -> None:
         if not own:
             print(f"| {name} | {prefix} | {start_recall} | - | not run | not run |")
             continue
-        last = own[-1]
+        chosen = [r for r in own if r["step"] == at]
+        last = chosen[-1] if chosen else own[-1]
+        steps = f"{last['step']}" if at is None or chosen else f"{last['step']} (not at {at} yet)"
         short, long = sorted(last["eval_exact"].items(), key=lambda kv: int(kv[0]))
-        print(f"| {name} | {prefix} | {start_recall} | {last['step']} | {short[1]:.2f} | {long[1]:.2f} |")
+        print(f"| {name} | {prefix} | {start_recall} | {steps} | {short[1]:.2f} | {long[1]:.2f} |")
 
 
 def cost(log: Path) -> None:
@@ -289,6 +292,7 @@ def main() -> None:
     parser.add_argument("names", nargs="*", help="run: these runs (default: all, in order); cost: a log")
     parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
     parser.add_argument("--until", type=int, default=None, help="run: stop each branch at this step")
+    parser.add_argument("--at", type=int, default=None, help="table: each branch's evaluation at this step")
     args = parser.parse_intermixed_args()
     if args.command == "configs":
         for name, path in write_configs().items():
@@ -296,7 +300,7 @@ def main() -> None:
     elif args.command == "run":
         run(args.names, args.threads, args.until)
     elif args.command == "table":
-        table(Path(args.names[0]) if args.names else OUT)
+        table(Path(args.names[0]) if args.names else OUT, args.at)
     else:
         default = ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
         cost(Path(args.names[0]) if args.names else default)

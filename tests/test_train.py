@@ -650,6 +650,34 @@ def test_ablation_branch_refuses_to_start_before_its_prefix_finished(tmp_path, m
         module.run(["layers-sideways"], threads=1)
 
 
+def test_ablation_table_at_a_step_compares_branches_at_equal_compute(tmp_path, capsys):
+    """`table --at STEP`: each branch's evaluation at that step, not its last (branches still
+    running are compared where all of them have been); a branch not there yet shows its last,
+    marked as such, never passed off as the step asked for."""
+    module = load_script("train_ablations")
+
+    def log(name: str, *records: dict) -> None:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    log("prefix-spread", {"step": 500, "eval_exact": {"1": 1.0}})
+    log(
+        "layers-spread",
+        {"step": 100, "eval_exact": {"4": 0.5, "16": 0.25}},
+        {"step": 200, "eval_exact": {"4": 0.75, "16": 0.5}},
+    )
+    log("segment-fixed-64", {"step": 100, "eval_exact": {"8": 1.0, "32": 0.125}})
+    module.table(tmp_path, at=100)
+    rows = capsys.readouterr().out.splitlines()
+    assert "| layers-spread | prefix-spread | 1.00 | 100 | 0.50 | 0.25 |" in rows
+    module.table(tmp_path, at=200)
+    rows = capsys.readouterr().out.splitlines()
+    assert "| layers-spread | prefix-spread | 1.00 | 200 | 0.75 | 0.50 |" in rows
+    assert "| segment-fixed-64 | prefix-spread | 1.00 | 100 (not at 200 yet) | 1.00 | 0.12 |" in rows
+    module.table(tmp_path)
+    assert "| layers-spread | prefix-spread | 1.00 | 200 | 0.75 | 0.50 |" in capsys.readouterr().out
+
+
 def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_there(tmp_path, monkeypatch):
     """`run --until STEP`: a branch gets `--max-steps` for the steps it has left to STEP (its
     adapter's train_steps says where it is), one already at STEP is not started, and a prefix
