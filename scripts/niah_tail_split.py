@@ -63,6 +63,10 @@ def wrong_digits(records: list[dict]) -> tuple[Counter, Counter]:
     return written, replaced
 
 
+def most_common(counts: Counter) -> str:
+    return ", ".join(f"{d} x{n}" for d, n in counts.most_common())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="niah.armt.jsonl result files")
@@ -109,9 +113,8 @@ def main() -> None:
         print(f"{key[0]:>4s} {key[1]:7s} of {cell[0]:3d}:  {cells}")
     for k, run in enumerate(runs):
         written, replaced = wrong_digits([run[i] for i in shared])
-        top = ", ".join(f"{d} x{n}" for d, n in written.most_common())
-        print(f"  [{k}] {sum(written.values())} wrong digits written: {top}")
-        print(f"       in place of: {', '.join(f'{d} x{n}' for d, n in replaced.most_common())}")
+        print(f"  [{k}] {sum(written.values())} wrong digits written: {most_common(written)}")
+        print(f"       in place of: {most_common(replaced)}")
 
 
 if __name__ == "__main__":
