@@ -4,6 +4,7 @@
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [--threads N] [--until STEP] [NAME ...]  # in order (resumable)
     python scripts/train_ablations.py table [DIR] [--at STEP]        # recall at 2x and 8x the training length
+    python scripts/train_ablations.py steps [DIR] [--at 100,200,300] # each branch's recall at those steps
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
 
 Every run shares one short recipe, the shipped one's learnable start (SmolLM2-135M-Instruct, LoRA
@@ -248,6 +249,26 @@ def table(root: Path = OUT, at: int | None = None) -> None:
         print(f"| {name} | {prefix} | {start_recall} | {steps} | {short[1]:.2f} | {long[1]:.2f} |")
 
 
+def steps_table(root: Path, at: list[int]) -> None:
+    """One row per branch that has run, a column per step in `at`: its recall at 2x / 8x L there
+    (the training curve of each branch side by side; "-" where it has not evaluated that step)."""
+    print("| branch (recall at 2x / 8x L) | from | " + " | ".join(f"step {s}" for s in at) + " |")
+    print("|---|---|" + "---:|" * len(at))
+    for name in variants():
+        prefix = prefix_of(name)
+        own = {r["step"]: r["eval_exact"] for r in evals(name, root)} if prefix else {}
+        if not own:
+            continue
+        cells = []
+        for step in at:
+            if step not in own:
+                cells.append("-")
+                continue
+            short, long = sorted(own[step].items(), key=lambda kv: int(kv[0]))
+            cells.append(f"{short[1]:.2f} / {long[1]:.2f}")
+        print(f"| {name} | {prefix} | " + " | ".join(cells) + " |")
+
+
 def cost(log: Path) -> None:
     """Project each configuration's step time from a run's log: every step's (segment length,
     segments), drawn as training draws it (`batch_shape`), costs the log's median seconds for that
@@ -288,19 +309,34 @@ def cost(log: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", nargs="?", default="table", choices=("configs", "run", "table", "cost"))
+    commands = ("configs", "run", "table", "steps", "cost")
+    parser.add_argument("command", nargs="?", default="table", choices=commands)
     parser.add_argument("names", nargs="*", help="run: these runs (default: all, in order); cost: a log")
     parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
     parser.add_argument("--until", type=int, default=None, help="run: stop each branch at this step")
-    parser.add_argument("--at", type=int, default=None, help="table: each branch's evaluation at this step")
+    parser.add_argument(
+        "--at",
+        default=None,
+        help="table: each branch's evaluation at this step; steps: these steps (100,200,300)",
+    )
     args = parser.parse_intermixed_args()
     if args.command == "configs":
         for name, path in write_configs().items():
             print(name, path)
     elif args.command == "run":
         run(args.names, args.threads, args.until)
-    elif args.command == "table":
-        table(Path(args.names[0]) if args.names else OUT, args.at)
+    elif args.command in ("table", "steps"):
+        root = Path(args.names[0]) if args.names else OUT
+        try:
+            at = [int(step) for step in args.at.split(",")] if args.at else []
+        except ValueError:
+            sys.exit(f"--at takes step numbers (100 or 100,200,300), not {args.at!r}")
+        if args.command == "steps":
+            steps_table(root, at or [100, 200, 300])
+        elif len(at) > 1:
+            sys.exit("table --at takes one step; `steps --at 100,200,300` compares several")
+        else:
+            table(root, at[0] if at else None)
     else:
         default = ROOT / "docs" / "train" / "smollm2-135m" / "log.jsonl"
         cost(Path(args.names[0]) if args.names else default)

@@ -678,6 +678,28 @@ def test_ablation_table_at_a_step_compares_branches_at_equal_compute(tmp_path, c
     assert "| layers-spread | prefix-spread | 1.00 | 200 | 0.75 | 0.50 |" in capsys.readouterr().out
 
 
+def test_ablation_steps_table_puts_each_branchs_evaluations_side_by_side(tmp_path, capsys):
+    """`steps --at 100,200`: a row per branch that has run, its 2x / 8x recall at each step, "-"
+    where it has not evaluated that step; a branch with no log gets no row."""
+    module = load_script("train_ablations")
+    for name, records in {
+        "prefix-spread": [{"step": 500, "eval_exact": {"1": 1.0}}],
+        "layers-spread": [
+            {"step": 100, "eval_exact": {"16": 0.25, "4": 0.5}},
+            {"step": 200, "eval_exact": {"4": 0.75, "16": 0.5}},
+        ],
+        "segment-fixed-64": [{"step": 100, "eval_exact": {"8": 1.0, "32": 0.125}}],
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    module.steps_table(tmp_path, [100, 200])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == "| branch (recall at 2x / 8x L) | from | step 100 | step 200 |"
+    assert "| layers-spread | prefix-spread | 0.50 / 0.25 | 0.75 / 0.50 |" in rows
+    assert "| segment-fixed-64 | prefix-spread | 1.00 / 0.12 | - |" in rows
+    assert len(rows) == 4
+
+
 def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_there(tmp_path, monkeypatch):
     """`run --until STEP`: a branch gets `--max-steps` for the steps it has left to STEP (its
     adapter's train_steps says where it is), one already at STEP is not started, and a prefix
