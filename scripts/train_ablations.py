@@ -224,6 +224,12 @@ def evals(name: str, root: Path = OUT) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines() if "eval_exact" in line]
 
 
+def short_long(eval_exact: dict[str, float]) -> tuple[float, float]:
+    """A branch evaluation's recall at 2x and 8x L (its two segment counts, keyed as strings)."""
+    short, long = sorted(eval_exact.items(), key=lambda kv: int(kv[0]))
+    return short[1], long[1]
+
+
 def table(root: Path = OUT, at: int | None = None) -> None:
     """Each branch's last evaluation (the step it was at), or its evaluation at step `at` (branches
     compared at equal compute while some run on; one not there yet shows its last, marked), and its
@@ -245,8 +251,8 @@ def table(root: Path = OUT, at: int | None = None) -> None:
         chosen = [r for r in own if r["step"] == at]
         last = chosen[-1] if chosen else own[-1]
         steps = f"{last['step']}" if at is None or chosen else f"{last['step']} (not at {at} yet)"
-        short, long = sorted(last["eval_exact"].items(), key=lambda kv: int(kv[0]))
-        print(f"| {name} | {prefix} | {start_recall} | {steps} | {short[1]:.2f} | {long[1]:.2f} |")
+        short, long = short_long(last["eval_exact"])
+        print(f"| {name} | {prefix} | {start_recall} | {steps} | {short:.2f} | {long:.2f} |")
 
 
 def steps_table(root: Path, at: list[int]) -> None:
@@ -259,13 +265,7 @@ def steps_table(root: Path, at: list[int]) -> None:
         own = {r["step"]: r["eval_exact"] for r in evals(name, root)} if prefix else {}
         if not own:
             continue
-        cells = []
-        for step in at:
-            if step not in own:
-                cells.append("-")
-                continue
-            short, long = sorted(own[step].items(), key=lambda kv: int(kv[0]))
-            cells.append(f"{short[1]:.2f} / {long[1]:.2f}")
+        cells = ["{:.2f} / {:.2f}".format(*short_long(own[step])) if step in own else "-" for step in at]
         print(f"| {name} | {prefix} | " + " | ".join(cells) + " |")
 
 

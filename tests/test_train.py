@@ -650,23 +650,27 @@ def test_ablation_branch_refuses_to_start_before_its_prefix_finished(tmp_path, m
         module.run(["layers-sideways"], threads=1)
 
 
+def write_ablation_logs(root: Path) -> None:
+    """A finished spread prefix, fixed 128 evaluated at steps 100 and 200, fixed 64 at step 100
+    only: the log lines `train_ablations.py table` and `steps` read."""
+    for name, records in {
+        "prefix-spread": [{"step": 500, "eval_exact": {"1": 1.0}}],
+        "layers-spread": [
+            {"step": 100, "eval_exact": {"16": 0.25, "4": 0.5}},
+            {"step": 200, "eval_exact": {"4": 0.75, "16": 0.5}},
+        ],
+        "segment-fixed-64": [{"step": 100, "eval_exact": {"8": 1.0, "32": 0.125}}],
+    }.items():
+        (root / name).mkdir()
+        (root / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 def test_ablation_table_at_a_step_compares_branches_at_equal_compute(tmp_path, capsys):
     """`table --at STEP`: each branch's evaluation at that step, not its last (branches still
     running are compared where all of them have been); a branch not there yet shows its last,
     marked as such, never passed off as the step asked for."""
     module = load_script("train_ablations")
-
-    def log(name: str, *records: dict) -> None:
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-
-    log("prefix-spread", {"step": 500, "eval_exact": {"1": 1.0}})
-    log(
-        "layers-spread",
-        {"step": 100, "eval_exact": {"4": 0.5, "16": 0.25}},
-        {"step": 200, "eval_exact": {"4": 0.75, "16": 0.5}},
-    )
-    log("segment-fixed-64", {"step": 100, "eval_exact": {"8": 1.0, "32": 0.125}})
+    write_ablation_logs(tmp_path)
     module.table(tmp_path, at=100)
     rows = capsys.readouterr().out.splitlines()
     assert "| layers-spread | prefix-spread | 1.00 | 100 | 0.50 | 0.25 |" in rows
@@ -682,16 +686,7 @@ def test_ablation_steps_table_puts_each_branchs_evaluations_side_by_side(tmp_pat
     """`steps --at 100,200`: a row per branch that has run, its 2x / 8x recall at each step, "-"
     where it has not evaluated that step; a branch with no log gets no row."""
     module = load_script("train_ablations")
-    for name, records in {
-        "prefix-spread": [{"step": 500, "eval_exact": {"1": 1.0}}],
-        "layers-spread": [
-            {"step": 100, "eval_exact": {"16": 0.25, "4": 0.5}},
-            {"step": 200, "eval_exact": {"4": 0.75, "16": 0.5}},
-        ],
-        "segment-fixed-64": [{"step": 100, "eval_exact": {"8": 1.0, "32": 0.125}}],
-    }.items():
-        (tmp_path / name).mkdir()
-        (tmp_path / name / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_ablation_logs(tmp_path)
     module.steps_table(tmp_path, [100, 200])
     rows = capsys.readouterr().out.splitlines()
     assert rows[0] == "| branch (recall at 2x / 8x L) | from | step 100 | step 200 |"
