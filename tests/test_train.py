@@ -695,6 +695,18 @@ def test_ablation_steps_table_puts_each_branchs_evaluations_side_by_side(tmp_pat
     assert len(rows) == 4
 
 
+def test_ablation_at_refuses_a_non_step_and_a_list_for_table_in_one_line(tmp_path, monkeypatch):
+    """`--at x` and `table --at 100,200` stop with one line naming what `--at` takes."""
+    module = load_script("train_ablations")
+    write_ablation_logs(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["train_ablations.py", "steps", str(tmp_path), "--at", "x"])
+    with pytest.raises(SystemExit, match=r"--at takes step numbers \(100 or 100,200,300\), not 'x'"):
+        module.main()
+    monkeypatch.setattr(sys, "argv", ["train_ablations.py", "table", str(tmp_path), "--at", "100,200"])
+    with pytest.raises(SystemExit, match="table --at takes one step"):
+        module.main()
+
+
 def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_there(tmp_path, monkeypatch):
     """`run --until STEP`: a branch gets `--max-steps` for the steps it has left to STEP (its
     adapter's train_steps says where it is), one already at STEP is not started, and a prefix
