@@ -153,6 +153,9 @@ class TrainConfig:
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
+    # the held-out items' seed (None: `seed`): replicates of a run under other seeds then differ
+    # only in what they train on, and are evaluated on the same items
+    eval_seed: int | None = None
     threads: int = 0  # 0: leave torch's default
     device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
     # bf16 autocast: true, false, or "auto": where the device runs bf16 natively (GPUs with bf16,
@@ -654,6 +657,7 @@ OPERATIONAL = (
     "eval_every",
     "eval_items",
     "eval_segments",
+    "eval_seed",
     "init",  # only seeds step 0: a resume loads the checkpoint, and the adapter pins the init's sha256
 )
 
@@ -710,6 +714,12 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     log_path = out / "log.jsonl"
     if run.rank == 0 and log_path.is_file():
         _truncate_log(log_path, step)
+    if run.rank == 0 and step and config.eval_every:
+        # the checkpoint is written before its step's evaluation: one killed mid-evaluation runs now
+        due = step % config.eval_every == 0 or step == config.total_steps
+        logged = {r["step"] for r in read_log(log_path)[1]} if log_path.is_file() else set()
+        if due and step not in logged:
+            _evaluate(config, run, config.stage_at(step - 1)[0], step)
     adapter_meta = {**run.extra_meta, **_init_meta(config, out, resumed=step > 0)}
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
     bf16 = autocast_enabled(config.autocast, armt.write_embeddings.device)
@@ -776,28 +786,30 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             if config.backbone != "full":  # a fully trained backbone is not an adapter
                 meta = {"train_steps": str(step), "train_config": config.to_json(), **adapter_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
-        if (
-            run.rank == 0
-            and config.eval_every
-            and (step % config.eval_every == 0 or last)
-            and stage.task != "lm"
-        ):
-            armt.eval()
-            maker = run.make_eval_batch or run.make_batch
-            acc = {
-                str(k): recall_accuracy(
-                    armt, maker, config.seed, config.eval_items, stage.segment_len, k, stage
-                )
-                for k in config.eval_segments
-            }
-            _append(log_path, {"step": step, "stage": stage.name, "eval_exact": acc})
-            run.log(f"step {step}: eval exact {acc}")
+        if run.rank == 0 and config.eval_every and (step % config.eval_every == 0 or last):
+            _evaluate(config, run, stage, step)
         if run.rank == 0 and (step % 10 == 0 or last):
             run.log(
                 f"step {step}/{config.total_steps} [{stage.name}] S={S} n={n} loss {loss_value:.4f} "
                 f"lr {lr:.2e} {record['tokens_per_s']:.0f} tok/s"
             )
     return step
+
+
+def _evaluate(config: TrainConfig, run: Run, stage: Stage, step: int) -> None:
+    """Held-out exact recall at each of the config's segment counts, appended to the log (a
+    language-modelling stage has no recall to measure)."""
+    if stage.task == "lm":
+        return
+    run.armt.eval()
+    maker = run.make_eval_batch or run.make_batch
+    seed = config.seed if config.eval_seed is None else config.eval_seed
+    acc = {
+        str(k): recall_accuracy(run.armt, maker, seed, config.eval_items, stage.segment_len, k, stage)
+        for k in config.eval_segments
+    }
+    _append(run.out / "log.jsonl", {"step": step, "stage": stage.name, "eval_exact": acc})
+    run.log(f"step {step}: eval exact {acc}")
 
 
 def _init_meta(config: TrainConfig, out: Path, resumed: bool) -> dict[str, str]:

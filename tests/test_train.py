@@ -128,6 +128,47 @@ def test_resumed_run_continues_bit_for_bit(tmp_path):
     assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
 
 
+def test_an_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path):
+    """The checkpoint of an evaluation step is written before the evaluation runs: a run killed
+    during the evaluation resumes at that step with no evaluation logged for it, and evaluates it
+    then (a finished run, too), instead of losing that point of the learning curve for good."""
+    config = replace(tiny_config(steps=4), eval_every=2, eval_items=8)
+    straight = tmp_path / "a"
+    train(config, tiny_run(config, straight))
+    run_dir = tmp_path / "b"
+    train(config, tiny_run(config, run_dir))
+    log = run_dir / "log.jsonl"
+    steps, evals = read_log(log)
+    assert [r["step"] for r in evals] == [2, 4]
+    kept = steps + evals[:1]
+    log.write_text("".join(json.dumps(r) + "\n" for r in kept))  # killed during step 4's eval
+    assert train(config, tiny_run(config, run_dir)) == 4
+    assert read_log(log) == (steps, read_log(straight / "log.jsonl")[1])
+    assert train(config, tiny_run(config, run_dir)) == 4  # evaluated once, not at every resume
+    assert [r["step"] for r in read_log(log)[1]] == [2, 4]
+
+
+def test_eval_seed_holds_the_evaluation_items_while_the_seed_changes_the_training(tmp_path):
+    """A replicate under another `seed` trains on other batches but, with `eval_seed`, is
+    measured on the very items the original run was: the evaluation draws from eval_seed."""
+    drawn: list[tuple] = []
+
+    def recording(rng: random.Random, stage: Stage, S: int, n: int):
+        drawn.append(rng.getstate())
+        return TokenRecall(VOCAB).batch(rng, stage, S, n)
+
+    config = replace(
+        tiny_config(steps=2), seed=1, eval_seed=0, eval_every=2, eval_items=8, eval_segments=(1,)
+    )
+    run = tiny_run(config, tmp_path)
+    train(config, replace(run, make_eval_batch=recording))
+    assert drawn == [step_rng(0, 0, "eval-1").getstate()]
+    trained = [r["loss"] for r in read_log(tmp_path / "log.jsonl")[0]]
+    other = replace(config, seed=0)
+    train(other, tiny_run(other, tmp_path / "seed0"))
+    assert trained != [r["loss"] for r in read_log(tmp_path / "seed0" / "log.jsonl")[0]]
+
+
 def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path):
     """A second `edgemem train` into a folder another one is training would interleave their logs
     and checkpoints: it is refused before it touches anything, and the folder trains once free."""
