@@ -3,6 +3,7 @@
 
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [--threads N] [--until STEP] [NAME ...]  # in order (resumable)
+    python scripts/train_ablations.py run --seed N BRANCH ...        # a branch again, in <branch>-seedN
     python scripts/train_ablations.py table [DIR] [--at STEP]        # recall at 2x and 8x the training length
     python scripts/train_ablations.py steps [DIR] [--at 100,200,300] # each branch's recall at those steps
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
@@ -34,6 +35,10 @@ a prefix 0.41-0.45 h of step time, the fixed-128 branch 0.96 h; about 10 h for a
 2-core AVX2 machine in float32: a prefix 0.94 h at two threads, a 64-token or stochastic branch
 2.9 h for its 300 steps at one thread beside another (docs/train/ablations-avx2).
 Run two `run --threads 1` processes side by side on a 2-core machine, each with its own names.
+
+One run per cell says little about a ranking: `run --seed N` trains a branch again from the same
+prefix adapter on other batches (`seed = N`), evaluated on the same held-out items (`eval_seed = 0`);
+`table` and `steps` list each replicate under its branch.
 
 Every run uses bf16 autocast where the machine runs bf16 natively, and recomputes each segment in
 backward in the multi-segment stage (`checkpointing`: the same gradients, flat activation memory).
@@ -115,11 +120,25 @@ def bootstrap_stages() -> str:
     )
 
 
+def split_seed(name: str) -> tuple[str, int]:
+    """(the run a name replicates, its seed): "layers-middle-seed1" -> ("layers-middle", 1)."""
+    base, _, seed = name.rpartition("-seed")
+    return (base, int(seed)) if base and seed.isdigit() else (name, 0)
+
+
 def prefix_of(name: str) -> str | None:
-    """The prefix run a branch starts from (None for a prefix)."""
+    """The prefix run a branch (or a replicate of one) starts from (None for a prefix)."""
+    name = split_seed(name)[0]
     if name.startswith("prefix-"):
         return None
     return "prefix-" + (name.removeprefix("layers-") if name.startswith("layers-") else "spread")
+
+
+def replicate(name: str, text: str, seed: int) -> tuple[str, str]:
+    """A branch again under another seed: the same prefix adapter, other batches, the same held-out
+    items (`eval_seed = 0`), in its own folder `<name>-seed<N>`."""
+    assert "\nseed = 0\n" in text
+    return f"{name}-seed{seed}", text.replace("\nseed = 0\n", f"\nseed = {seed}\neval_seed = 0\n")
 
 
 def variants() -> dict[str, str]:
@@ -148,9 +167,14 @@ def variants() -> dict[str, str]:
     return out
 
 
-def write_configs() -> dict[str, Path]:
+def write_configs(seed: int = 0) -> dict[str, Path]:
+    """Every run's config on disk; with `seed`, the branches' replicates under that seed instead."""
+    texts = variants()
+    if seed:
+        branches = {name: text for name, text in texts.items() if prefix_of(name) is not None}
+        texts = dict(replicate(name, text, seed) for name, text in branches.items())
     paths = {}
-    for name, text in variants().items():
+    for name, text in texts.items():
         folder = OUT / name
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / "config.toml"
@@ -171,17 +195,21 @@ def finished_steps(name: str) -> int:
         return int((handle.metadata() or {}).get("train_steps", 0))
 
 
-def run(names: list[str], threads: int | None, until: int | None = None) -> None:
+def run(names: list[str], threads: int | None, until: int | None = None, seed: int = 0) -> None:
     """Train `names` in order. `until`: stop each branch at that step (a checkpoint the same
-    command resumes from later): the branches compared at an equal step, when time is short."""
+    command resumes from later): the branches compared at an equal step, when time is short.
+    `seed`: the named branches' replicates under that seed (`<name>-seed<N>`)."""
     import tomllib
 
     from edgemem.train import TrainConfig
 
-    paths = write_configs()
-    for name in names or list(paths):
+    paths = write_configs() | write_configs(seed)
+    for given in names or [n for n in paths if split_seed(n)[1] == seed]:
+        name = f"{given}-seed{seed}" if seed else given
         if name not in paths:
-            sys.exit(f"no ablation run {name!r} (choose from {', '.join(paths)})")
+            kind = f"ablation branch {given!r} to replicate" if seed else f"ablation run {given!r}"
+            choices = [split_seed(n)[0] for n in write_configs(seed)] if seed else list(paths)
+            sys.exit(f"no {kind} (choose from {', '.join(choices)})")
         prefix = prefix_of(name)
         if prefix is not None:
             need = TrainConfig.from_dict(tomllib.loads(paths[prefix].read_text())).total_steps
@@ -217,6 +245,18 @@ def train_one(cmd: list[str], name: str) -> None:
         sys.exit(f"{name}: edgemem train stopped (exit status {code})")
 
 
+def reported(root: Path) -> list[str]:
+    """Every run in the configs' order, each branch followed by the replicates under `root` that
+    have started (a log)."""
+    names = []
+    for name in variants():
+        names.append(name)
+        logs = root.glob(f"{name}-seed*/log.jsonl")
+        found = [split_seed(p.parent.name) for p in logs if split_seed(p.parent.name)[0] == name]
+        names += [f"{name}-seed{seed}" for _, seed in sorted(found, key=lambda f: f[1])]
+    return names
+
+
 def evals(name: str, root: Path = OUT) -> list[dict]:
     log = root / name / "log.jsonl"
     if not log.is_file():
@@ -238,7 +278,7 @@ def table(root: Path = OUT, at: int | None = None) -> None:
     print("| run | from | prefix recall, 1 x 128 | steps | recall at 2x L (512 tokens) ", end="")
     print("| recall at 8x L (2,048 tokens) |")
     print("|---|---|---:|---:|---:|---:|")
-    for name in variants():
+    for name in reported(root):
         prefix = prefix_of(name)
         if prefix is None:
             continue
@@ -260,7 +300,7 @@ def steps_table(root: Path, at: list[int]) -> None:
     (the training curve of each branch side by side; "-" where it has not evaluated that step)."""
     print("| branch (recall at 2x / 8x L) | from | " + " | ".join(f"step {s}" for s in at) + " |")
     print("|---|---|" + "---:|" * len(at))
-    for name in variants():
+    for name in reported(root):
         prefix = prefix_of(name)
         own = {r["step"]: r["eval_exact"] for r in evals(name, root)} if prefix else {}
         if not own:
@@ -315,16 +355,21 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
     parser.add_argument("--until", type=int, default=None, help="run: stop each branch at this step")
     parser.add_argument(
+        "--seed", type=int, default=0, help="run, configs: the branches' replicates under this seed"
+    )
+    parser.add_argument(
         "--at",
         default=None,
         help="table: each branch's evaluation at this step; steps: these steps (100,200,300)",
     )
     args = parser.parse_intermixed_args()
     if args.command == "configs":
-        for name, path in write_configs().items():
+        for name, path in write_configs(args.seed).items():
             print(name, path)
     elif args.command == "run":
-        run(args.names, args.threads, args.until)
+        if args.seed < 0:
+            sys.exit(f"--seed takes a seed of 1 or more (0: the runs themselves), not {args.seed}")
+        run(args.names, args.threads, args.until, args.seed)
     elif args.command in ("table", "steps"):
         root = Path(args.names[0]) if args.names else OUT
         try:

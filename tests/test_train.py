@@ -777,6 +777,46 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
     ]
 
 
+def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(tmp_path, monkeypatch, capsys):
+    """`run --seed N NAME`: the branch again in `NAME-seedN`, from the same prefix adapter, with
+    only its seed changed and its held-out items kept (eval_seed 0); a prefix is not replicated;
+    `table` and `steps` show a replicate that has a log right under its branch."""
+    module = load_script("train_ablations")
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(module, "train_one", lambda cmd, name: commands.append(cmd))
+    paths = module.write_configs(seed=2)
+    assert set(paths) == {f"{n}-seed2" for n in module.variants() if module.prefix_of(n)}
+    original = load_config(module.write_configs()["layers-middle"])
+    again = load_config(paths["layers-middle-seed2"])
+    assert (again.seed, again.eval_seed) == (2, 0)
+    assert replace(again, seed=0, eval_seed=None) == original
+    assert module.prefix_of("layers-middle-seed2") == "prefix-middle"
+    with pytest.raises(SystemExit, match="prefix-middle, which has not finished"):
+        module.run(["layers-middle"], threads=1, seed=2)
+    with pytest.raises(SystemExit, match="no ablation branch 'prefix-middle' to replicate"):
+        module.run(["prefix-middle"], threads=1, seed=2)
+    assert commands == []
+
+    logs = tmp_path / "logs"  # the run folders' log copies, as docs/train keeps them
+    logs.mkdir()
+    write_ablation_logs(logs)
+    (logs / "layers-low-seed1").mkdir()  # configs only: not started, not shown
+    (logs / "layers-spread-seed1").mkdir()
+    record = {"step": 100, "eval_exact": {"4": 0.25, "16": 0.0}}
+    (logs / "layers-spread-seed1" / "log.jsonl").write_text(json.dumps(record) + "\n")
+    module.steps_table(logs, [100])
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[2:4] == [
+        "| layers-spread | prefix-spread | 0.50 / 0.25 |",
+        "| layers-spread-seed1 | prefix-spread | 0.25 / 0.00 |",
+    ]
+    module.table(logs, at=100)
+    rows = capsys.readouterr().out.splitlines()
+    assert "| layers-spread-seed1 | prefix-spread | 1.00 | 100 | 0.25 | 0.00 |" in rows
+    assert not any("layers-low-seed1" in row for row in rows)
+
+
 def ablation_driver(child_code: str) -> str:
     """Python code that loads scripts/train_ablations.py and runs `train_one` on a child process
     running `child_code` (in place of `edgemem train`), as branch "branch". SIGINT raises
