@@ -204,7 +204,7 @@ def run(names: list[str], threads: int | None, until: int | None = None, seed: i
     from edgemem.train import TrainConfig
 
     paths = write_configs() | write_configs(seed)
-    for given in names or [n for n in paths if split_seed(n)[1] == seed]:
+    for given in names or [split_seed(n)[0] for n in paths if split_seed(n)[1] == seed]:
         name = f"{given}-seed{seed}" if seed else given
         if name not in paths:
             kind = f"ablation branch {given!r} to replicate" if seed else f"ablation run {given!r}"

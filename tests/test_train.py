@@ -796,6 +796,8 @@ def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(t
         module.run(["layers-middle"], threads=1, seed=2)
     with pytest.raises(SystemExit, match="no ablation branch 'prefix-middle' to replicate"):
         module.run(["prefix-middle"], threads=1, seed=2)
+    with pytest.raises(SystemExit, match="layers-spread-seed2 starts from prefix-spread, which has not"):
+        module.run([], threads=1, seed=2)  # no names: every branch's replicate, in order
     assert commands == []
 
     logs = tmp_path / "logs"  # the run folders' log copies, as docs/train keeps them
