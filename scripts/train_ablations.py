@@ -203,19 +203,19 @@ def run(names: list[str], threads: int | None, until: int | None = None, seed: i
 
     from edgemem.train import TrainConfig
 
-    paths = write_configs() | write_configs(seed)
-    for given in names or [split_seed(n)[0] for n in paths if split_seed(n)[1] == seed]:
+    paths = write_configs()
+    targets = write_configs(seed) if seed else paths
+    for given in names or [split_seed(n)[0] for n in targets]:
         name = f"{given}-seed{seed}" if seed else given
-        if name not in paths:
+        if name not in targets:
             kind = f"ablation branch {given!r} to replicate" if seed else f"ablation run {given!r}"
-            choices = [split_seed(n)[0] for n in write_configs(seed)] if seed else list(paths)
-            sys.exit(f"no {kind} (choose from {', '.join(choices)})")
+            sys.exit(f"no {kind} (choose from {', '.join(split_seed(n)[0] for n in targets)})")
         prefix = prefix_of(name)
         if prefix is not None:
             need = TrainConfig.from_dict(tomllib.loads(paths[prefix].read_text())).total_steps
             if finished_steps(prefix) < need:
                 sys.exit(f"{name} starts from {prefix}, which has not finished ({need} steps): run it first")
-        cmd = [sys.executable, "-m", "edgemem.cli", "train", str(paths[name]), "--out", str(OUT / name)]
+        cmd = [sys.executable, "-m", "edgemem.cli", "train", str(targets[name]), "--out", str(OUT / name)]
         cmd += ["--threads", str(threads)] if threads else []
         if until is not None and prefix is not None:
             done = finished_steps(name)
@@ -363,12 +363,12 @@ def main() -> None:
         help="table: each branch's evaluation at this step; steps: these steps (100,200,300)",
     )
     args = parser.parse_intermixed_args()
+    if args.seed < 0:
+        sys.exit(f"--seed takes a seed of 1 or more (0: the runs themselves), not {args.seed}")
     if args.command == "configs":
         for name, path in write_configs(args.seed).items():
             print(name, path)
     elif args.command == "run":
-        if args.seed < 0:
-            sys.exit(f"--seed takes a seed of 1 or more (0: the runs themselves), not {args.seed}")
         run(args.names, args.threads, args.until, args.seed)
     elif args.command in ("table", "steps"):
         root = Path(args.names[0]) if args.names else OUT
