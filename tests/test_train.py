@@ -799,6 +799,10 @@ def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(t
     with pytest.raises(SystemExit, match="layers-spread-seed2 starts from prefix-spread, which has not"):
         module.run([], threads=1, seed=2)  # no names: every branch's replicate, in order
     assert commands == []
+    for command in ("configs", "run"):
+        monkeypatch.setattr(sys, "argv", ["train_ablations.py", command, "--seed", "-1"])
+        with pytest.raises(SystemExit, match="--seed takes a seed of 1 or more"):
+            module.main()
 
     logs = tmp_path / "logs"  # the run folders' log copies, as docs/train keeps them
     logs.mkdir()
