@@ -3,7 +3,8 @@
 
     python scripts/train_ablations.py configs                        # write runs/ablations/<name>/config.toml
     python scripts/train_ablations.py run [--threads N] [--until STEP] [NAME ...]  # in order (resumable)
-    python scripts/train_ablations.py run --seed N BRANCH ...        # a branch again, in <branch>-seedN
+    python scripts/train_ablations.py run --seed N NAME ...          # a run again, in <name>-seedN
+    python scripts/train_ablations.py run --prefix-seed P BRANCH ... # from prefix-*-seedP: <branch>-prefixP
     python scripts/train_ablations.py table [DIR] [--at STEP]        # recall at 2x and 8x the training length
     python scripts/train_ablations.py steps [DIR] [--at 100,200,300] # each branch's recall at those steps
     python scripts/train_ablations.py cost [LOG]                     # their step time, from a run's steps
@@ -36,9 +37,11 @@ a prefix 0.41-0.45 h of step time, the fixed-128 branch 0.96 h; about 10 h for a
 2.9 h for its 300 steps at one thread beside another (docs/train/ablations-avx2).
 Run two `run --threads 1` processes side by side on a 2-core machine, each with its own names.
 
-One run per cell says little about a ranking: `run --seed N` trains a branch again from the same
-prefix adapter on other batches (`seed = N`), evaluated on the same held-out items (`eval_seed = 0`);
-`table` and `steps` list each replicate under its branch.
+One run per cell says little about a ranking: `run --seed N` trains a run again on other batches
+(`seed = N`), evaluated on the same held-out items (`eval_seed = 0`): a branch from the same prefix
+adapter (`<branch>-seedN`), or a prefix (`prefix-<placement>-seedN`). `run --prefix-seed P` trains a
+branch on its own batches from the prefix replicate `prefix-<placement>-seedP` (`<branch>-prefixP`):
+a placement measured on two prefixes. `table` and `steps` list each replicate under its run.
 
 Every run uses bf16 autocast where the machine runs bf16 natively, and recomputes each segment in
 backward in the multi-segment stage (`checkpointing`: the same gradients, flat activation memory).
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -120,25 +124,43 @@ def bootstrap_stages() -> str:
     )
 
 
-def split_seed(name: str) -> tuple[str, int]:
-    """(the run a name replicates, its seed): "layers-middle-seed1" -> ("layers-middle", 1)."""
-    base, _, seed = name.rpartition("-seed")
-    return (base, int(seed)) if base and seed.isdigit() else (name, 0)
+REPLICA = re.compile(r"(?P<run>.+?)(?:-prefix(?P<prefix_seed>\d+))?(?:-seed(?P<seed>\d+))?")
+
+
+def split_replica(name: str) -> tuple[str, int, int]:
+    """(the run a name replicates, its prefix's seed, its seed): "layers-middle-seed1" ->
+    ("layers-middle", 0, 1), "layers-middle-prefix2" -> ("layers-middle", 2, 0)."""
+    match = REPLICA.fullmatch(name)
+    assert match is not None  # every part but the run is optional
+    return match["run"], int(match["prefix_seed"] or 0), int(match["seed"] or 0)
 
 
 def prefix_of(name: str) -> str | None:
-    """The prefix run a branch (or a replicate of one) starts from (None for a prefix)."""
-    name = split_seed(name)[0]
-    if name.startswith("prefix-"):
+    """The prefix run a branch (or a replicate of one) starts from (None for a prefix):
+    `<branch>-prefix<P>` starts from the prefix's replicate `prefix-<placement>-seed<P>`."""
+    run, prefix_seed, _ = split_replica(name)
+    if run.startswith("prefix-"):
         return None
-    return "prefix-" + (name.removeprefix("layers-") if name.startswith("layers-") else "spread")
+    prefix = "prefix-" + (run.removeprefix("layers-") if run.startswith("layers-") else "spread")
+    return f"{prefix}-seed{prefix_seed}" if prefix_seed else prefix
 
 
-def replicate(name: str, text: str, seed: int) -> tuple[str, str]:
-    """A branch again under another seed: the same prefix adapter, other batches, the same held-out
-    items (`eval_seed = 0`), in its own folder `<name>-seed<N>`."""
-    assert "\nseed = 0\n" in text
-    return f"{name}-seed{seed}", text.replace("\nseed = 0\n", f"\nseed = {seed}\neval_seed = 0\n")
+def replicate(name: str, text: str, seed: int, prefix_seed: int = 0) -> tuple[str, str]:
+    """A run again. `prefix_seed` P (a branch): from the adapter of its prefix's replicate under
+    seed P, in `<name>-prefix<P>`. `seed` N: on other batches (`seed = N`) with the same held-out
+    items (`eval_seed = 0`), in `<name>-seed<N>` (after -prefix<P> when both are given)."""
+    if prefix_seed:
+        prefix = prefix_of(name)
+        assert prefix is not None, f"{name} is a prefix: it starts from no prefix"
+        init = f'init = "runs/ablations/{prefix}/adapter.safetensors"'
+        assert init in text
+        text = text.replace(init, init.replace(f"/{prefix}/", f"/{prefix}-seed{prefix_seed}/"))
+        name = f"{name}-prefix{prefix_seed}"
+    if seed:
+        assert "\nseed = 0\n" in text
+        text = text.replace("\nseed = 0\n", f"\nseed = {seed}\neval_seed = 0\n")
+        name = f"{name}-seed{seed}"
+    return name, text
 
 
 def variants() -> dict[str, str]:
@@ -167,12 +189,16 @@ def variants() -> dict[str, str]:
     return out
 
 
-def write_configs(seed: int = 0) -> dict[str, Path]:
-    """Every run's config on disk; with `seed`, the branches' replicates under that seed instead."""
+def write_configs(seed: int = 0, prefix_seed: int = 0) -> dict[str, Path]:
+    """Every run's config on disk; with `seed` and / or `prefix_seed`, their replicates instead
+    (a prefix has no prefix to replicate: `prefix_seed` replicates the branches only)."""
     texts = variants()
-    if seed:
-        branches = {name: text for name, text in texts.items() if prefix_of(name) is not None}
-        texts = dict(replicate(name, text, seed) for name, text in branches.items())
+    if seed or prefix_seed:
+        texts = dict(
+            replicate(name, text, seed, prefix_seed)
+            for name, text in texts.items()
+            if not prefix_seed or prefix_of(name) is not None
+        )
     paths = {}
     for name, text in texts.items():
         folder = OUT / name
@@ -195,26 +221,34 @@ def finished_steps(name: str) -> int:
         return int((handle.metadata() or {}).get("train_steps", 0))
 
 
-def run(names: list[str], threads: int | None, until: int | None = None, seed: int = 0) -> None:
+def run(
+    names: list[str], threads: int | None, until: int | None = None, seed: int = 0, prefix_seed: int = 0
+) -> None:
     """Train `names` in order. `until`: stop each branch at that step (a checkpoint the same
     command resumes from later): the branches compared at an equal step, when time is short.
-    `seed`: the named branches' replicates under that seed (`<name>-seed<N>`)."""
+    `seed`, `prefix_seed`: the named runs' replicates (`replicate`)."""
     import tomllib
 
     from edgemem.train import TrainConfig
 
     paths = write_configs()
-    targets = write_configs(seed) if seed else paths
-    for given in names or [split_seed(n)[0] for n in targets]:
-        name = f"{given}-seed{seed}" if seed else given
+    targets = write_configs(seed, prefix_seed) if seed or prefix_seed else paths
+    for given in names or [split_replica(n)[0] for n in targets]:
+        name = given + (f"-prefix{prefix_seed}" if prefix_seed else "") + (f"-seed{seed}" if seed else "")
         if name not in targets:
-            kind = f"ablation branch {given!r} to replicate" if seed else f"ablation run {given!r}"
-            sys.exit(f"no {kind} (choose from {', '.join(split_seed(n)[0] for n in targets)})")
+            kind = f"ablation run {given!r}"
+            if prefix_seed:
+                kind = f"ablation branch {given!r} to start from a prefix replicate"
+            elif seed:
+                kind += " to replicate"
+            sys.exit(f"no {kind} (choose from {', '.join(split_replica(n)[0] for n in targets)})")
         prefix = prefix_of(name)
         if prefix is not None:
-            need = TrainConfig.from_dict(tomllib.loads(paths[prefix].read_text())).total_steps
+            prefix_run, _, its_seed = split_replica(prefix)
+            need = TrainConfig.from_dict(tomllib.loads(paths[prefix_run].read_text())).total_steps
             if finished_steps(prefix) < need:
-                sys.exit(f"{name} starts from {prefix}, which has not finished ({need} steps): run it first")
+                how = f"run --seed {its_seed} {prefix_run}" if its_seed else "run it"
+                sys.exit(f"{name} starts from {prefix}, which has not finished ({need} steps): {how} first")
         cmd = [sys.executable, "-m", "edgemem.cli", "train", str(targets[name]), "--out", str(OUT / name)]
         cmd += ["--threads", str(threads)] if threads else []
         if until is not None and prefix is not None:
@@ -246,14 +280,13 @@ def train_one(cmd: list[str], name: str) -> None:
 
 
 def reported(root: Path) -> list[str]:
-    """Every run in the configs' order, each branch followed by the replicates under `root` that
-    have started (a log)."""
+    """Every run in the configs' order, each followed by its replicates under `root` that have
+    started (a log), by prefix seed then seed."""
     names = []
     for name in variants():
         names.append(name)
-        logs = root.glob(f"{name}-seed*/log.jsonl")
-        found = [split_seed(p.parent.name) for p in logs if split_seed(p.parent.name)[0] == name]
-        names += [f"{name}-seed{seed}" for _, seed in sorted(found, key=lambda f: f[1])]
+        found = [p.parent.name for p in root.glob(f"{name}-*/log.jsonl")]
+        names += sorted((n for n in found if split_replica(n)[0] == name), key=split_replica)
     return names
 
 
@@ -355,7 +388,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="run: torch threads per run")
     parser.add_argument("--until", type=int, default=None, help="run: stop each branch at this step")
     parser.add_argument(
-        "--seed", type=int, default=0, help="run, configs: the branches' replicates under this seed"
+        "--seed", type=int, default=0, help="run, configs: the runs' replicates under this seed"
+    )
+    parser.add_argument(
+        "--prefix-seed",
+        type=int,
+        default=0,
+        help="run, configs: the branches from their prefix's replicate under this seed",
     )
     parser.add_argument(
         "--at",
@@ -363,13 +402,14 @@ def main() -> None:
         help="table: each branch's evaluation at this step; steps: these steps (100,200,300)",
     )
     args = parser.parse_intermixed_args()
-    if args.seed < 0:
-        sys.exit(f"--seed takes a seed of 1 or more (0: the runs themselves), not {args.seed}")
+    for option, value in (("--seed", args.seed), ("--prefix-seed", args.prefix_seed)):
+        if value < 0:
+            sys.exit(f"{option} takes a seed of 1 or more (0: the runs themselves), not {value}")
     if args.command == "configs":
-        for name, path in write_configs(args.seed).items():
+        for name, path in write_configs(args.seed, args.prefix_seed).items():
             print(name, path)
     elif args.command == "run":
-        run(args.names, args.threads, args.until, args.seed)
+        run(args.names, args.threads, args.until, args.seed, args.prefix_seed)
     elif args.command in ("table", "steps"):
         root = Path(args.names[0]) if args.names else OUT
         try:

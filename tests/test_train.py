@@ -777,32 +777,39 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
     ]
 
 
-def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(tmp_path, monkeypatch, capsys):
-    """`run --seed N NAME`: the branch again in `NAME-seedN`, from the same prefix adapter, with
-    only its seed changed and its held-out items kept (eval_seed 0); a prefix is not replicated;
+def test_ablation_seed_replicates_a_run_on_other_batches_and_the_same_items(tmp_path, monkeypatch, capsys):
+    """`run --seed N NAME`: the run again in `NAME-seedN` with only its seed changed and its
+    held-out items kept (eval_seed 0): a branch from the same prefix adapter, or a prefix;
     `table` and `steps` show a replicate that has a log right under its branch."""
     module = load_script("train_ablations")
     monkeypatch.setattr(module, "OUT", tmp_path)
     commands: list[list[str]] = []
     monkeypatch.setattr(module, "train_one", lambda cmd, name: commands.append(cmd))
     paths = module.write_configs(seed=2)
-    assert set(paths) == {f"{n}-seed2" for n in module.variants() if module.prefix_of(n)}
-    original = load_config(module.write_configs()["layers-middle"])
-    again = load_config(paths["layers-middle-seed2"])
-    assert (again.seed, again.eval_seed) == (2, 0)
-    assert replace(again, seed=0, eval_seed=None) == original
+    assert set(paths) == {f"{n}-seed2" for n in module.variants()}
+    originals = module.write_configs()
+    for name in ("layers-middle", "prefix-middle"):
+        again = load_config(paths[f"{name}-seed2"])
+        assert (again.seed, again.eval_seed) == (2, 0)
+        assert replace(again, seed=0, eval_seed=None) == load_config(originals[name])
     assert module.prefix_of("layers-middle-seed2") == "prefix-middle"
+    assert module.prefix_of("prefix-middle-seed2") is None
     with pytest.raises(SystemExit, match="prefix-middle, which has not finished"):
         module.run(["layers-middle"], threads=1, seed=2)
-    with pytest.raises(SystemExit, match="no ablation branch 'prefix-middle' to replicate"):
-        module.run(["prefix-middle"], threads=1, seed=2)
-    with pytest.raises(SystemExit, match="layers-spread-seed2 starts from prefix-spread, which has not"):
-        module.run([], threads=1, seed=2)  # no names: every branch's replicate, in order
+    with pytest.raises(SystemExit, match="no ablation run 'layers-sideways' to replicate"):
+        module.run(["layers-sideways"], threads=1, seed=2)
     assert commands == []
+    module.run(["prefix-middle"], threads=1, seed=2)
+    assert commands[0][commands[0].index("--out") + 1] == str(tmp_path / "prefix-middle-seed2")
+    with pytest.raises(SystemExit, match="layers-spread-seed2 starts from prefix-spread, which has not"):
+        module.run([], threads=1, seed=2)  # no names: every replicate in order, the prefixes first
+    outs = [Path(cmd[cmd.index("--out") + 1]).name for cmd in commands[1:]]
+    assert outs == [f"prefix-{p}-seed2" for p in ("spread", "low", "middle", "high", "all")]
     for command in ("configs", "run"):
-        monkeypatch.setattr(sys, "argv", ["train_ablations.py", command, "--seed", "-1"])
-        with pytest.raises(SystemExit, match="--seed takes a seed of 1 or more"):
-            module.main()
+        for option in ("--seed", "--prefix-seed"):
+            monkeypatch.setattr(sys, "argv", ["train_ablations.py", command, option, "-1"])
+            with pytest.raises(SystemExit, match=f"{option} takes a seed of 1 or more"):
+                module.main()
 
     logs = tmp_path / "logs"  # the run folders' log copies, as docs/train keeps them
     logs.mkdir()
@@ -811,6 +818,7 @@ def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(t
     (logs / "layers-spread-seed1").mkdir()
     record = {"step": 100, "eval_exact": {"4": 0.25, "16": 0.0}}
     (logs / "layers-spread-seed1" / "log.jsonl").write_text(json.dumps(record) + "\n")
+    capsys.readouterr()  # the runs' command lines
     module.steps_table(logs, [100])
     rows = capsys.readouterr().out.splitlines()
     assert rows[2:4] == [
@@ -821,6 +829,71 @@ def test_ablation_seed_replicates_a_branch_on_other_batches_and_the_same_items(t
     rows = capsys.readouterr().out.splitlines()
     assert "| layers-spread-seed1 | prefix-spread | 1.00 | 100 | 0.25 | 0.00 |" in rows
     assert not any("layers-low-seed1" in row for row in rows)
+
+
+def test_ablation_prefix_seed_starts_each_branch_from_its_prefixs_replicate(tmp_path, monkeypatch, capsys):
+    """`run --prefix-seed P BRANCH`: the branch, on its own batches, from the adapter of
+    `prefix-<placement>-seedP` (a placement measured on a second prefix), in `BRANCH-prefixP`; it
+    waits for that prefix, names the command that trains it, and `steps` shows it under its branch
+    with that prefix as where it came from."""
+    from safetensors.torch import save_file
+
+    module = load_script("train_ablations")
+    monkeypatch.setattr(module, "OUT", tmp_path)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(module, "train_one", lambda cmd, name: commands.append(cmd))
+    paths = module.write_configs(prefix_seed=1)
+    assert set(paths) == {f"{n}-prefix1" for n in module.variants() if module.prefix_of(n)}
+    original = load_config(module.write_configs()["layers-middle"])
+    moved = load_config(paths["layers-middle-prefix1"])
+    assert moved.init == "runs/ablations/prefix-middle-seed1/adapter.safetensors"
+    assert replace(moved, init=original.init) == original
+    both = load_config(module.write_configs(seed=3, prefix_seed=1)["segment-fixed-64-prefix1-seed3"])
+    assert (both.init, both.seed, both.eval_seed) == (
+        "runs/ablations/prefix-spread-seed1/adapter.safetensors",
+        3,
+        0,
+    )
+    assert module.prefix_of("segment-fixed-64-prefix2-seed1") == "prefix-spread-seed2"
+    assert module.split_replica("layers-middle-prefix2-seed1") == ("layers-middle", 2, 1)
+
+    with pytest.raises(
+        SystemExit,
+        match=r"prefix-middle-seed1, which has not finished \(500 steps\): run --seed 1 prefix-middle first",
+    ):
+        module.run(["layers-middle"], threads=1, prefix_seed=1)
+    with pytest.raises(
+        SystemExit, match="no ablation branch 'prefix-middle' to start from a prefix replicate"
+    ):
+        module.run(["prefix-middle"], threads=1, prefix_seed=1)
+    (tmp_path / "prefix-middle-seed1").mkdir()
+    adapter = tmp_path / "prefix-middle-seed1" / "adapter.safetensors"
+    save_file({"w": torch.zeros(1)}, str(adapter), metadata={"train_steps": "500"})
+    module.run(["layers-middle"], threads=1, prefix_seed=1)
+    assert [cmd[cmd.index("--out") + 1] for cmd in commands] == [str(tmp_path / "layers-middle-prefix1")]
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for name, record in {
+        "layers-middle": {"step": 100, "eval_exact": {"4": 0.5, "16": 0.25}},
+        "layers-middle-prefix1": {"step": 100, "eval_exact": {"4": 0.75, "16": 0.0}},
+        "layers-middle-seed1": {"step": 100, "eval_exact": {"4": 1.0, "16": 0.5}},
+        "prefix-middle-seed1": {"step": 500, "eval_exact": {"1": 0.875}},
+    }.items():
+        (logs / name).mkdir()
+        (logs / name / "log.jsonl").write_text(json.dumps(record) + "\n")
+    capsys.readouterr()  # the run's command line
+    module.steps_table(logs, [100])
+    assert capsys.readouterr().out.splitlines()[2:] == [
+        "| layers-middle | prefix-middle | 0.50 / 0.25 |",
+        "| layers-middle-seed1 | prefix-middle | 1.00 / 0.50 |",
+        "| layers-middle-prefix1 | prefix-middle-seed1 | 0.75 / 0.00 |",
+    ]
+    module.table(logs)
+    assert (
+        "| layers-middle-prefix1 | prefix-middle-seed1 | 0.88 | 100 | 0.75 | 0.00 |"
+        in capsys.readouterr().out
+    )
 
 
 def ablation_driver(child_code: str) -> str:
