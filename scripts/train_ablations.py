@@ -145,6 +145,12 @@ def prefix_of(name: str) -> str | None:
     return f"{prefix}-seed{prefix_seed}" if prefix_seed else prefix
 
 
+def replica_name(name: str, seed: int, prefix_seed: int = 0) -> str:
+    """The folder of `name`'s replicate (`split_replica` reads it back):
+    `<name>[-prefix<P>][-seed<N>]`."""
+    return name + (f"-prefix{prefix_seed}" if prefix_seed else "") + (f"-seed{seed}" if seed else "")
+
+
 def replicate(name: str, text: str, seed: int, prefix_seed: int = 0) -> tuple[str, str]:
     """A run again. `prefix_seed` P (a branch): from the adapter of its prefix's replicate under
     seed P, in `<name>-prefix<P>`. `seed` N: on other batches (`seed = N`) with the same held-out
@@ -155,12 +161,10 @@ def replicate(name: str, text: str, seed: int, prefix_seed: int = 0) -> tuple[st
         init = f'init = "runs/ablations/{prefix}/adapter.safetensors"'
         assert init in text
         text = text.replace(init, init.replace(f"/{prefix}/", f"/{prefix}-seed{prefix_seed}/"))
-        name = f"{name}-prefix{prefix_seed}"
     if seed:
         assert "\nseed = 0\n" in text
         text = text.replace("\nseed = 0\n", f"\nseed = {seed}\neval_seed = 0\n")
-        name = f"{name}-seed{seed}"
-    return name, text
+    return replica_name(name, seed, prefix_seed), text
 
 
 def variants() -> dict[str, str]:
@@ -234,7 +238,7 @@ def run(
     paths = write_configs()
     targets = write_configs(seed, prefix_seed) if seed or prefix_seed else paths
     for given in names or [split_replica(n)[0] for n in targets]:
-        name = given + (f"-prefix{prefix_seed}" if prefix_seed else "") + (f"-seed{seed}" if seed else "")
+        name = replica_name(given, seed, prefix_seed)
         if name not in targets:
             kind = f"ablation run {given!r}"
             if prefix_seed:
