@@ -567,16 +567,38 @@ def _trainable(armt: ARMT) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in armt.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer, step: int, config_json: str):
-    """Parameters, AdamW moments and step counts, the torch RNG, the step: one safetensors file."""
+def save_checkpoint(
+    path: Path,
+    armt: ARMT,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    config_json: str,
+    evaluate: bool = False,
+) -> None:
+    """Parameters, AdamW moments and step counts, the torch RNG, the step: one safetensors file.
+    `evaluate`: the run evaluates this step right after the checkpoint (`checkpoint_evaluates`)."""
     params = _trainable(armt)
     tensors: dict[str, Tensor] = {f"param.{n}": p.detach().contiguous() for n, p in params.items()}
     for name, p in params.items():
         for key, value in optimizer.state.get(p, {}).items():
             tensors[f"opt.{name}.{key}"] = value.detach().contiguous().reshape(value.shape)
     tensors["rng.torch"] = torch.get_rng_state()
-    meta = {"format": CHECKPOINT_FORMAT, "step": str(step), "config": config_json}
+    meta = {
+        "format": CHECKPOINT_FORMAT,
+        "step": str(step),
+        "config": config_json,
+        "evaluate": "1" if evaluate else "0",
+    }
     atomic_write_bytes(path, save(tensors, metadata=meta))
+
+
+def checkpoint_evaluates(path: Path) -> bool | None:
+    """Whether the run evaluates the checkpoint's step after writing it (a resume finds that
+    evaluation in the log, or runs it: the run may have been killed during it); None for a
+    checkpoint from before it said so."""
+    with safe_open(str(path), framework="pt") as handle:  # the metadata only: no tensors read
+        flag = (handle.metadata() or {}).get("evaluate")
+    return None if flag is None else flag == "1"
 
 
 def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) -> tuple[int, str]:
@@ -716,7 +738,9 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         _truncate_log(log_path, step)
     if run.rank == 0 and step and config.eval_every:
         # the checkpoint is written before its step's evaluation: one killed mid-evaluation runs now
-        due = step % config.eval_every == 0 or step == config.total_steps
+        due = checkpoint_evaluates(ckpt)
+        if due is None:  # a checkpoint from before the flag: its step's evaluation by the cadence
+            due = step % config.eval_every == 0 or step == config.total_steps
         logged = {r["step"] for r in read_log(log_path)[1]} if log_path.is_file() else set()
         if due and step not in logged:
             _evaluate(config, run, config.stage_at(step - 1)[0], step)
@@ -781,12 +805,13 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         if run.rank == 0:
             _append(log_path, record)
         last = step == stop_at
+        evaluate = bool(config.eval_every) and (step % config.eval_every == 0 or last)
         if run.rank == 0 and (step % config.checkpoint_every == 0 or last):
-            save_checkpoint(ckpt, armt, optimizer, step, config.to_json())
+            save_checkpoint(ckpt, armt, optimizer, step, config.to_json(), evaluate)
             if config.backbone != "full":  # a fully trained backbone is not an adapter
                 meta = {"train_steps": str(step), "train_config": config.to_json(), **adapter_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
-        if run.rank == 0 and config.eval_every and (step % config.eval_every == 0 or last):
+        if run.rank == 0 and evaluate:
             _evaluate(config, run, stage, step)
         if run.rank == 0 and (step % 10 == 0 or last):
             run.log(

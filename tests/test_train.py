@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tiny import VOCAB, tiny_llama
 
 from edgemem.armt import ARMT, read_adapter, save_adapter
@@ -145,6 +145,42 @@ def test_an_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path
     assert train(config, tiny_run(config, run_dir)) == 4
     assert read_log(log) == (steps, read_log(straight / "log.jsonl")[1])
     assert train(config, tiny_run(config, run_dir)) == 4  # evaluated once, not at every resume
+    assert [r["step"] for r in read_log(log)[1]] == [2, 4]
+
+
+def test_a_chunk_end_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path):
+    """`--max-steps` ends a chunk with a checkpoint and an evaluation at a step that is no multiple
+    of eval_every: the checkpoint records that its step is evaluated, so a chunk killed during
+    that evaluation evaluates it on resume, as the run that was not killed did."""
+    config = replace(tiny_config(steps=6), eval_every=2, eval_items=8)
+    straight = tmp_path / "a"
+    train(config, tiny_run(config, straight), max_steps=3)
+    run_dir = tmp_path / "b"
+    train(config, tiny_run(config, run_dir), max_steps=3)
+    log = run_dir / "log.jsonl"
+    steps, evals = read_log(log)
+    assert [r["step"] for r in evals] == [2, 3]
+    log.write_text("".join(json.dumps(r) + "\n" for r in steps + evals[:1]))  # killed in step 3's eval
+    assert train(config, tiny_run(config, run_dir), max_steps=0) == 3
+    assert read_log(log) == (steps, read_log(straight / "log.jsonl")[1])
+
+
+def test_a_checkpoint_from_before_the_evaluation_flag_resumes_by_the_eval_cadence(tmp_path):
+    """Checkpoints written before they recorded whether their step is evaluated still resume: a
+    step on the eval cadence is evaluated again, any other is not."""
+    config = replace(tiny_config(steps=6), eval_every=2, eval_items=8)
+    run_dir = tmp_path / "run"
+    train(config, tiny_run(config, run_dir), max_steps=3)
+    ckpt = run_dir / "checkpoint.safetensors"
+    with safe_open(ckpt, "pt") as handle:
+        meta = {k: v for k, v in handle.metadata().items() if k != "evaluate"}
+    save_file(load_file(ckpt), ckpt, metadata=meta)
+    log = run_dir / "log.jsonl"
+    steps, evals = read_log(log)
+    log.write_text("".join(json.dumps(r) + "\n" for r in steps + evals[:1]))
+    assert train(config, tiny_run(config, run_dir), max_steps=0) == 3
+    assert [r["step"] for r in read_log(log)[1]] == [2]  # step 3 is off the cadence
+    assert train(config, tiny_run(config, run_dir), max_steps=1) == 4
     assert [r["step"] for r in read_log(log)[1]] == [2, 4]
 
 
