@@ -7,7 +7,7 @@ the given result files (from the prepared corpora, as `edgemem eval` does), toke
 context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
 over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
 place) per file, split by where the needle was, how often each file agrees with the first, and
-which digits a file's wrong 7-digit answers write in place of which:
+which digits a file's wrong 7-digit answers write in place of which, and at which positions:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -46,21 +46,39 @@ def corpora_note(runs: list[dict[str, dict]], shared: set[str]) -> list[str]:
     return lines
 
 
+def _blurred(records: list[dict]) -> list[tuple[str, str]]:
+    """(digits of the answer, gold number) of the wrong answers with as many digits as the gold."""
+    pairs = []
+    for r in records:
+        gold = r["gold"][0]
+        digits = "".join(ch for ch in r["prediction"] if ch.isdigit())
+        if not r["correct"] and len(digits) == len(gold):
+            pairs.append((digits, gold))
+    return pairs
+
+
 def wrong_digits(records: list[dict]) -> tuple[Counter, Counter]:
     """(digits written, gold digits they replaced) over the wrong answers whose digits are as many
     as the gold number's: where a blurred recall goes. Other wrong answers are not counted."""
     written: Counter = Counter()
     replaced: Counter = Counter()
-    for r in records:
-        gold = r["gold"][0]
-        digits = "".join(ch for ch in r["prediction"] if ch.isdigit())
-        if r["correct"] or len(digits) != len(gold):
-            continue
+    for digits, gold in _blurred(records):
         for got, want in zip(digits, gold, strict=True):
             if got != want:
                 written[got] += 1
                 replaced[want] += 1
     return written, replaced
+
+
+def wrong_positions(records: list[dict]) -> Counter:
+    """How often each position (1 = the number's first digit) is wrong, over the same answers as
+    `wrong_digits`: which part of a blurred number the memory loses."""
+    return Counter(
+        position
+        for digits, gold in _blurred(records)
+        for position, (got, want) in enumerate(zip(digits, gold, strict=True), start=1)
+        if got != want
+    )
 
 
 def most_common(counts: Counter) -> str:
@@ -115,6 +133,8 @@ def main() -> None:
         written, replaced = wrong_digits([run[i] for i in shared])
         print(f"  [{k}] {sum(written.values())} wrong digits written: {most_common(written)}")
         print(f"       in place of: {most_common(replaced)}")
+        positions = wrong_positions([run[i] for i in shared])
+        print(f"       at positions: {', '.join(f'{p} x{positions[p]}' for p in sorted(positions))}")
 
 
 if __name__ == "__main__":

@@ -1038,25 +1038,25 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
 
 def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     """The count behind RESULTS' "wrong digits collapse onto 3": per wrong answer with as many
-    digits as the gold number, each differing position counts the digit written and the one it
-    replaced; right answers and answers of another length are not counted."""
+    digits as the gold number, each differing position counts the digit written, the one it
+    replaced and the position; right answers and answers of another length are not counted."""
     module = load_script("niah_tail_split")
 
     def line(prediction, gold, correct=False):
         return {"prediction": prediction, "gold": [gold], "correct": correct}
 
-    written, replaced = module.wrong_digits(
-        [
-            line(" 8361131.", "8361181"),
-            line(" 5540366.", "5540866"),
-            line(" 4250378.", "4250378", correct=True),
-            line(" 0110337.", "6105777"),
-            line("no number", "1234567"),
-            line(" 123.", "1234567"),
-        ]
-    )
+    lines = [
+        line(" 8361131.", "8361181"),
+        line(" 5540366.", "5540866"),
+        line(" 4250378.", "4250378", correct=True),
+        line(" 0110337.", "6105777"),
+        line("no number", "1234567"),
+        line(" 123.", "1234567"),
+    ]
+    written, replaced = module.wrong_digits(lines)
     assert written == {"3": 4, "0": 2, "1": 1}
     assert replaced == {"8": 2, "6": 1, "0": 1, "5": 1, "7": 2}
+    assert module.wrong_positions(lines) == {1: 1, 3: 1, 4: 1, 5: 2, 6: 2}  # 1: the first digit
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):

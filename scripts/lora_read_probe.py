@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Does the shipped adapter answer docqa again with its LoRA off in the answer pass only?
+
+The shipped adapter (LoRA on every projection plus the memory, trained on needles only) answers
+docqa with numbers, even with the whole document in its context (docs/RESULTS.md, "Eighteenth
+session"). If the LoRA's change to the model, not the memory, is what loses copying a word from
+context, then writing with the LoRA and answering without it (or with it scaled by `--scale`)
+would give docqa back. Every memory write (the document's segments and its tail) keeps the full
+LoRA; only the answer segment and the generated tokens run with the LoRA scaled:
+
+    python scripts/lora_read_probe.py --scale 0 --task docqa --length 1k -n 20 --out docqa.jsonl
+
+One JSON line per item (id, correct, the answer's first 80 characters, gold) is appended to
+`--out`; the last line printed is the count. Test items as `edgemem eval` builds them, the
+machine's preferred dtype, LoRA not merged (so it can be scaled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+
+from edgemem.armt import ARMT
+from edgemem.assistant import Assistant
+from edgemem.data.tasks import Builder
+from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
+from edgemem.methods import ARMTMethod
+from edgemem.scoring import score
+
+
+@contextlib.contextmanager
+def lora_scaled(armt: ARMT, factor: float) -> Iterator[None]:
+    """Every LoRA update of `armt` multiplied by `factor` inside the block."""
+    saved = [module.scale for module in armt.lora.values()]
+    for module in armt.lora.values():
+        module.scale *= factor
+    try:
+        yield
+    finally:
+        for module, scale in zip(armt.lora.values(), saved, strict=True):
+            module.scale = scale
+
+
+class ScaledReadARMT(ARMT):
+    """`ARMT` whose answer pass (`read_only_forward`) runs with the LoRA scaled; writes do not."""
+
+    read_scale = 1.0
+
+    def read_only_forward(self, input_ids, state, cache=None):  # type: ignore[no-untyped-def]
+        with lora_scaled(self, self.read_scale):
+            return super().read_only_forward(input_ids, state, cache)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=0.0, help="LoRA factor in the answer pass")
+    parser.add_argument("--task", default="docqa")
+    parser.add_argument("--length", default="1k")
+    parser.add_argument("-n", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    (length,) = parse_lengths(args.length)
+
+    assistant = Assistant.open()
+    armt = assistant.armt
+    armt.__class__ = ScaledReadARMT  # same module, same state: only the answer pass changes
+    armt.read_scale = args.scale
+    method = ARMTMethod(armt, assistant.loaded.tokenizer)
+    builder = Builder(assistant.loaded.tokenizer)
+    correct = 0
+    with open(args.out, "a", encoding="utf-8") as out:
+        for item in builder.build(args.task, length, args.n):
+            start = time.perf_counter()
+            pred = method.predict(item, MAX_NEW_TOKENS[args.task])
+            ok = score(args.task, pred.text, item.answers).correct
+            correct += ok
+            line = {
+                "id": item.id,
+                "scale_read": args.scale,
+                "correct": ok,
+                "pred": pred.text[:80],
+                "gold": item.answers[:3],
+                "s": round(time.perf_counter() - start, 1),
+            }
+            out.write(json.dumps(line) + "\n")
+            print(line, flush=True)
+    print(f"{args.task} {args.length} LoRA x {args.scale} in the answer pass: {correct}/{args.n}")
+
+
+if __name__ == "__main__":
+    main()
