@@ -1269,3 +1269,33 @@ def test_bf16_autocast_step_runs_and_device_is_resolved(tmp_path):
         assert resolve_device("auto").type == "cpu"
         with pytest.raises(EdgememError, match="no CUDA device"):
             resolve_device("cuda")
+
+
+def test_lora_read_probe_scales_the_lora_in_the_answer_pass_only():
+    """The probe behind RESULTS' "the LoRA cannot be left out of the answer pass": with the
+    factor 0, `read_only_forward` gives what the model gives with no LoRA at all, while the
+    memory writes (`step`) are those of the full LoRA, and the scales are restored after."""
+    from edgemem.armt import ARMTConfig
+
+    module = load_script("lora_read_probe")
+    torch.manual_seed(0)
+    armt = ARMT(tiny_llama(), ARMTConfig.for_model(2, segment_len=8, d_mem=8, lora_rank=4))
+    with torch.no_grad():
+        for lora in armt.lora.values():
+            lora.B.normal_(0, 0.5)
+    ids = torch.randint(0, VOCAB, (1, 8))
+    with torch.no_grad():
+        state, _ = armt.step(ids, armt.empty_state())
+        full = armt.read_only_forward(ids, state)
+        with module.lora_scaled(armt, 0.0):
+            without = armt.read_only_forward(ids, state)
+        scales = [lora.scale for lora in armt.lora.values()]
+        armt.__class__ = module.ScaledReadARMT
+        armt.read_scale = 0.0
+        probed_state, _ = armt.step(ids, armt.empty_state())
+        probed = armt.read_only_forward(ids, state)
+    assert not torch.allclose(full, without)  # the LoRA changes the answer pass
+    torch.testing.assert_close(probed, without)
+    for name, tensor in state.named_tensors().items():
+        assert torch.equal(probed_state.named_tensors()[name], tensor), name
+    assert [lora.scale for lora in armt.lora.values()] == scales
