@@ -1084,6 +1084,20 @@ def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, ca
     assert "segment-fixed-64: 300 steps" in out and "300 steps of shapes the log never ran" in out
 
 
+def test_ablation_script_piped_into_a_closed_reader_stops_without_a_traceback():
+    """`train_ablations.py cost | head -1`: the reader is gone before the script writes; it exits
+    1 with nothing on stderr (it used to end in a BrokenPipeError traceback)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "train_ablations.py"), "cost"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # before the interpreter has started: every write meets a closed pipe
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert stderr == ""
+
+
 def test_cli_train_errors_are_one_line(tmp_path):
     result = subprocess.run(
         [
