@@ -51,6 +51,15 @@ def load_script(name: str):
     return module
 
 
+def adapter_at_step(folder: Path, step: int) -> Path:
+    """A stand-in run folder for the ablation driver: an adapter file whose metadata says its run
+    is at `step` (the driver reads only that, never the weights)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    adapter = folder / "adapter.safetensors"
+    save_file({"w": torch.zeros(1)}, str(adapter), metadata={"train_steps": str(step)})
+    return adapter
+
+
 SHIPPED_CONFIG = REPO / "configs" / "train" / "smollm2-135m.toml"
 # what a run continuing from the recall adapter must share with its recipe (the adapter's shapes)
 RECIPE_SHAPE = ("norm_inputs", "write_source", "lora_rank", "d_mem", "num_write_tokens", "memory_layers")
@@ -788,22 +797,14 @@ def test_ablation_until_stops_each_branch_at_that_step_and_skips_one_already_the
     """`run --until STEP`: a branch gets `--max-steps` for the steps it has left to STEP (its
     adapter's train_steps says where it is), one already at STEP is not started, and a prefix
     always trains to its end (a branch needs it finished)."""
-    from safetensors.torch import save_file
-
     module = load_script("train_ablations")
     monkeypatch.setattr(module, "OUT", tmp_path)
     commands: list[list[str]] = []
     monkeypatch.setattr(module, "train_one", lambda cmd, name: commands.append(cmd))
 
-    def at_step(name: str, step: int) -> None:
-        (tmp_path / name).mkdir(parents=True, exist_ok=True)
-        weights = {"w": torch.zeros(1)}
-        save_file(weights, str(tmp_path / name / "adapter.safetensors"), metadata={"train_steps": str(step)})
-
     module.write_configs()
-    at_step("prefix-spread", 500)
-    at_step("segment-fixed-64", 40)
-    at_step("layers-spread", 100)
+    for name, step in (("prefix-spread", 500), ("segment-fixed-64", 40), ("layers-spread", 100)):
+        adapter_at_step(tmp_path / name, step)
     module.run(["prefix-spread", "segment-fixed-64", "layers-spread", "segment-stochastic-0.5"], 1, until=100)
     tails = [cmd[cmd.index("--out") + 1 :] for cmd in commands]
     assert tails == [
@@ -872,8 +873,6 @@ def test_ablation_prefix_seed_starts_each_branch_from_its_prefixs_replicate(tmp_
     `prefix-<placement>-seedP` (a placement measured on a second prefix), in `BRANCH-prefixP`; it
     waits for that prefix, names the command that trains it, and `steps` shows it under its branch
     with that prefix as where it came from."""
-    from safetensors.torch import save_file
-
     module = load_script("train_ablations")
     monkeypatch.setattr(module, "OUT", tmp_path)
     commands: list[list[str]] = []
@@ -902,9 +901,7 @@ def test_ablation_prefix_seed_starts_each_branch_from_its_prefixs_replicate(tmp_
         SystemExit, match="no ablation branch 'prefix-middle' to start from a prefix replicate"
     ):
         module.run(["prefix-middle"], threads=1, prefix_seed=1)
-    (tmp_path / "prefix-middle-seed1").mkdir()
-    adapter = tmp_path / "prefix-middle-seed1" / "adapter.safetensors"
-    save_file({"w": torch.zeros(1)}, str(adapter), metadata={"train_steps": "500"})
+    adapter_at_step(tmp_path / "prefix-middle-seed1", 500)
     module.run(["layers-middle"], threads=1, prefix_seed=1)
     assert [cmd[cmd.index("--out") + 1] for cmd in commands] == [str(tmp_path / "layers-middle-prefix1")]
 
