@@ -81,6 +81,12 @@ def wrong_positions(records: list[dict]) -> Counter:
     )
 
 
+def wrong_first_digits(records: list[dict]) -> Counter:
+    """The first digit written, over the same answers as `wrong_digits` whose first digit is wrong:
+    whether a lost first digit is replaced by one digit every time (a bias, not a blur)."""
+    return Counter(digits[0] for digits, gold in _blurred(records) if digits[0] != gold[0])
+
+
 def most_common(counts: Counter) -> str:
     return ", ".join(f"{d} x{n}" for d, n in counts.most_common())
 
@@ -135,6 +141,8 @@ def main() -> None:
         print(f"       in place of: {most_common(replaced)}")
         positions = wrong_positions([run[i] for i in shared])
         print(f"       at positions: {', '.join(f'{p} x{positions[p]}' for p in sorted(positions))}")
+        first = wrong_first_digits([run[i] for i in shared])
+        print(f"       first digit, where wrong, written as: {most_common(first)}")
 
 
 if __name__ == "__main__":

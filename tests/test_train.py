@@ -1036,7 +1036,8 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
 def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     """The count behind RESULTS' "wrong digits collapse onto 3": per wrong answer with as many
     digits as the gold number, each differing position counts the digit written, the one it
-    replaced and the position; right answers and answers of another length are not counted."""
+    replaced and the position, and a wrong first digit the digit written there; right answers and
+    answers of another length are not counted."""
     module = load_script("niah_tail_split")
 
     def line(prediction, gold, correct=False):
@@ -1054,6 +1055,13 @@ def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     assert written == {"3": 4, "0": 2, "1": 1}
     assert replaced == {"8": 2, "6": 1, "0": 1, "5": 1, "7": 2}
     assert module.wrong_positions(lines) == {1: 1, 3: 1, 4: 1, 5: 2, 6: 2}  # 1: the first digit
+    assert module.wrong_first_digits(lines) == {"0": 1}
+    assert module.wrong_first_digits(
+        [*lines, line(" 3286990.", "9286990"), line(" 3540866.", "5540866")]
+    ) == {
+        "0": 1,
+        "3": 2,
+    }
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
