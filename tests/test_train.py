@@ -1056,12 +1056,8 @@ def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     assert replaced == {"8": 2, "6": 1, "0": 1, "5": 1, "7": 2}
     assert module.wrong_positions(lines) == {1: 1, 3: 1, 4: 1, 5: 2, 6: 2}  # 1: the first digit
     assert module.wrong_first_digits(lines) == {"0": 1}
-    assert module.wrong_first_digits(
-        [*lines, line(" 3286990.", "9286990"), line(" 3540866.", "5540866")]
-    ) == {
-        "0": 1,
-        "3": 2,
-    }
+    biased = [*lines, line(" 3286990.", "9286990"), line(" 3540866.", "5540866")]
+    assert module.wrong_first_digits(biased) == {"0": 1, "3": 2}
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
