@@ -7,7 +7,8 @@ the given result files (from the prepared corpora, as `edgemem eval` does), toke
 context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
 over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
 place) per file, split by where the needle was, how often each file agrees with the first, and
-which digits a file's wrong 7-digit answers write in place of which, and at which positions:
+which digits a file's wrong 7-digit answers write in place of which, at which positions, and
+which digit a wrong first digit is written as:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -136,13 +137,13 @@ def main() -> None:
         cells = "  ".join(f"[{k}] {cell[1 + 2 * k]:3d} / {cell[2 + 2 * k]:3d}" for k in range(len(runs)))
         print(f"{key[0]:>4s} {key[1]:7s} of {cell[0]:3d}:  {cells}")
     for k, run in enumerate(runs):
-        written, replaced = wrong_digits([run[i] for i in shared])
+        records = [run[i] for i in shared]
+        written, replaced = wrong_digits(records)
         print(f"  [{k}] {sum(written.values())} wrong digits written: {most_common(written)}")
         print(f"       in place of: {most_common(replaced)}")
-        positions = wrong_positions([run[i] for i in shared])
+        positions = wrong_positions(records)
         print(f"       at positions: {', '.join(f'{p} x{positions[p]}' for p in sorted(positions))}")
-        first = wrong_first_digits([run[i] for i in shared])
-        print(f"       first digit, where wrong, written as: {most_common(first)}")
+        print(f"       first digit, where wrong, written as: {most_common(wrong_first_digits(records))}")
 
 
 if __name__ == "__main__":
