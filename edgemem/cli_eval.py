@@ -121,10 +121,9 @@ def eval_run(
         batch=batch,
         segment_len=segment_len,
     )
-    err.print(
-        f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}",
-        markup=False,
-    )
+    done = f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}"
+    beside = f", {report.elsewhere} run by another eval beside this one" if report.elsewhere else ""
+    err.print(done + beside, markup=False)
 
 
 @eval_app.command("plot")

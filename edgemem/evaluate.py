@@ -18,14 +18,14 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgemem.data.tasks import LENGTHS, Builder, Item
 from edgemem.errors import EdgememError
-from edgemem.files import lock_exclusively
+from edgemem.files import try_lock
 from edgemem.scoring import Score, score
 
 if TYPE_CHECKING:
@@ -145,8 +145,9 @@ def peak_rss_mb() -> float:
 class RunReport:
     path: Path
     ran: int
-    skipped: int
+    skipped: int  # already in the results file when the run began
     correct: int
+    elsewhere: int = 0  # left to another run of the same bin beside this one (or written by it meanwhile)
 
 
 def fix_mmap_threshold(threshold: int = 128 * 1024) -> bool:
@@ -189,8 +190,9 @@ def run(
     `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
     such runs have their own label and file (`armt-s64`), and every armt line records its length.
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
-    lines record it, and an item is done only for its build. One process at a time runs a length
-    bin of a results file: a second `run` of that bin is refused while the first holds it.
+    lines record it, and an item is done only for its build. Two runs of one bin into one results
+    file (two processes, one per core) share its items: each claims the next item the other neither
+    holds nor has written (`_claim`), so every item runs once, whichever process runs it.
 
     Items run deepest needle first, so each shares with the one before it all the haystack before
     its own needle (the armt prefix cache then skips that part). `batch` > 1 (armt only) ingests
@@ -216,58 +218,82 @@ def run(
         raise EdgememError(f"batch {batch}: items run side by side only with armt (batch 1 otherwise)")
     runner = None
     path.parent.mkdir(parents=True, exist_ok=True)
-    ran = skipped = correct = 0
-    with contextlib.ExitStack() as held, open(path, "a", encoding="utf-8") as out:
-        _hold_bins(held, path, lengths)
-        done = _done_ids(path, memory_key(armt_fields) if armt_fields else None, corpora_id)
+    ran = skipped = elsewhere = correct = 0
+    key = memory_key(armt_fields) if armt_fields else None
+    # unbuffered: each line is one write(2) to a file opened for appending, so the lines of two
+    # runs beside each other never interleave
+    with open(path, "ab", buffering=0) as out:
+        done = _done_ids(path, key, corpora_id)
         for length in lengths:
             todo = [it for it in items(length) if it.id not in done]
             todo.sort(key=lambda it: -float(it.meta.get("depth") or 0.0))  # stable: no depth, same order
             skipped += n - len(todo)
-            for first in range(0, len(todo), batch):
-                group = todo[first : first + batch]
-                if runner is None:  # loaded only when there is work
-                    runner = methods.build(method, model, engine, adapter, dtype, segment_len)
-                start = time.perf_counter()
-                if len(group) == 1:
-                    predictions = [runner.predict(group[0], MAX_NEW_TOKENS[task])]
-                else:
-                    predictions = runner.predict_batch(group, MAX_NEW_TOKENS[task])  # type: ignore[attr-defined]
-                seconds = (time.perf_counter() - start) / len(group)
-                extra = dict(armt_fields)
-                extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
-                extra |= {"segment_len": runner.armt.config.segment_len} if method == "armt" else {}  # type: ignore[attr-defined]
-                extra |= {"corpora": corpora_id} if corpora_id is not None else {}
-                for item, pred in zip(group, predictions, strict=True):
-                    sc = score(task, pred.text, item.answers)
-                    record = result_record(item, pred, sc, model, label, seconds, len(group))
-                    record["kv_full_mb"] = round(item.tokens * _kv_per_token(runner) / 2**20, 2)
-                    out.write(json.dumps(record | extra) + "\n")
-                    out.flush()
-                    os.fsync(out.fileno())
-                    ran += 1
-                    correct += sc.correct
-                    log(
-                        f"{item.id} {label}: {'ok ' if sc.correct else 'bad'} {seconds:6.1f}s "
-                        f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
-                    )
-    return RunReport(path, ran, skipped, correct)
+            queue = iter(todo)
+            while True:
+                with contextlib.ExitStack() as held:
+                    group, passed = _claim(held, queue, batch, path, key, corpora_id)
+                    elsewhere += passed
+                    if not group:
+                        break
+                    if runner is None:  # loaded only when there is work
+                        runner = methods.build(method, model, engine, adapter, dtype, segment_len)
+                    start = time.perf_counter()
+                    if len(group) == 1:
+                        predictions = [runner.predict(group[0], MAX_NEW_TOKENS[task])]
+                    else:
+                        predictions = runner.predict_batch(group, MAX_NEW_TOKENS[task])  # type: ignore[attr-defined]
+                    seconds = (time.perf_counter() - start) / len(group)
+                    extra = dict(armt_fields)
+                    extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
+                    extra |= {"segment_len": runner.armt.config.segment_len} if method == "armt" else {}  # type: ignore[attr-defined]
+                    extra |= {"corpora": corpora_id} if corpora_id is not None else {}
+                    for item, pred in zip(group, predictions, strict=True):
+                        sc = score(task, pred.text, item.answers)
+                        record = result_record(item, pred, sc, model, label, seconds, len(group))
+                        record["kv_full_mb"] = round(item.tokens * _kv_per_token(runner) / 2**20, 2)
+                        out.write((json.dumps(record | extra) + "\n").encode())  # one append a line
+                        os.fsync(out.fileno())
+                        ran += 1
+                        correct += sc.correct
+                        log(
+                            f"{item.id} {label}: {'ok ' if sc.correct else 'bad'} {seconds:6.1f}s "
+                            f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
+                        )
+    return RunReport(path, ran, skipped, correct, elsewhere)
 
 
-def _hold_bins(held: contextlib.ExitStack, path: Path, lengths: list[int]) -> None:
-    """Lock each length bin of a results file for this run (until `held` closes). Two runs of one
-    bin would both run the items neither had done yet, and its row would count them twice; runs
-    of other bins of the same file (the timed sweep runs 32k beside 1k-16k) go on side by side.
-    The lock files live in the cache directory, keyed by the results file's absolute path."""
+def _claim(
+    held: contextlib.ExitStack,
+    queue: Iterator[Item],
+    want: int,
+    path: Path,
+    key: str | None,
+    corpora: str | None,
+) -> tuple[list[Item], int]:
+    """Up to `want` items from `queue` for this run, each locked (until `held` closes, after its
+    line is written), and how many it passed over: those another run of the results file holds,
+    or has written a line for since this run read the file. The lock files live in the cache
+    directory, one per results file (by its absolute path) and item id; the OS drops a killed
+    run's locks, and its unfinished items run again on the next run."""
     from edgemem.paths import cache_dir
 
     folder = cache_dir() / "locks"
     folder.mkdir(exist_ok=True)
-    key = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
-    for length in lengths:
-        handle = held.enter_context(open(folder / f"eval-{key}-{length}.lock", "a"))  # noqa: SIM115
-        busy = f"{path}: the {length // 1024}k bin is being run by another edgemem eval"
-        lock_exclusively(handle, f"{busy}: wait for it, or run other --lengths")
+    results = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    group: list[Item] = []
+    passed = 0
+    for item in queue:
+        name = hashlib.sha256(item.id.encode()).hexdigest()[:16]
+        handle = open(folder / f"eval-{results}-{name}.lock", "a")  # noqa: SIM115 (closed here or by `held`)
+        if not try_lock(handle) or item.id in _done_ids(path, key, corpora):
+            handle.close()
+            passed += 1
+            continue
+        held.enter_context(handle)
+        group.append(item)
+        if len(group) == want:
+            break
+    return group, passed
 
 
 def result_record(

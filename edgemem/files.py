@@ -52,21 +52,29 @@ def sha256_file(path: Path) -> str:
 
 def lock_exclusively(handle: IO, busy: str) -> None:
     """Take an advisory lock on the open file `handle`, held until it is closed; where another
-    process (or another open of the same file) holds it, raise EdgememError(busy) at once. The OS
-    drops the lock when its process dies, so a killed run leaves nothing stale. Where the platform
-    has no `flock` (Windows) or the file system refuses it, nothing is locked."""
+    process (or another open of the same file) holds it, raise EdgememError(busy) at once."""
+    from edgemem.errors import EdgememError
+
+    if not try_lock(handle):
+        raise EdgememError(busy)
+
+
+def try_lock(handle: IO) -> bool:
+    """Take an advisory lock on the open file `handle`, held until it is closed: False (and no
+    lock) where another process (or another open of the same file) holds it. The OS drops the
+    lock when its process dies, so a killed run leaves nothing stale. Where the platform has no
+    `flock` (Windows) or the file system refuses it, nothing is locked and the answer is True."""
     try:
         import fcntl
     except ImportError:
-        return
-    from edgemem.errors import EdgememError
-
+        return True
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise EdgememError(busy) from None
+        return False
     except OSError:  # a file system without locks (ENOLCK, EOPNOTSUPP): go on unguarded
-        return
+        return True
+    return True
 
 
 def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:

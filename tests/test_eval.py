@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from edgemem.armt import ingest
 from edgemem.cli import app
+from edgemem.data.tasks import Item
 from edgemem.errors import EdgememError
 from edgemem.evaluate import (
     ARMT_ANSWER,
@@ -189,22 +190,36 @@ def test_lines_of_another_corpora_build_run_again_and_a_row_holds_one_build(tmp_
     assert (row["n"], row["accuracy"]) == (2, 0.0)
 
 
-def test_a_length_bin_of_a_results_file_has_one_run_at_a_time(tmp_path):
-    """Two evals of one bin into one results file would both run the items neither had done yet
-    (and the row would count them twice): while one holds the bin, a second run of it is refused,
-    other bins of the same file run beside it, and the bin runs once the first lets go."""
+def test_two_runs_of_one_bin_share_its_items_and_run_each_once(tmp_path):
+    """The same eval started twice (one process per core) shares the bin: a run passes over an item
+    the other holds, and one the other has written a line for since this run read the file, so
+    no item runs twice and no row counts one twice. Here the other run is played by this test:
+    it holds item 1's claim and writes item 2's line after the run has read the file; item 0 is
+    already in it. Nothing is left for the run, so it never loads a model (there is none named
+    `m`); once the claim is let go, item 1 is this run's to take."""
     import contextlib
 
-    from edgemem.evaluate import _hold_bins
+    from edgemem.evaluate import _claim
 
     target = tmp_path / "m" / f"niah.{method_label('oracle', 'hf', None)}.jsonl"
-    kwargs = dict(log=lambda s: None, items=lambda n: [], corpora="here")
-    with contextlib.ExitStack() as first:
-        _hold_bins(first, target, [16384])
-        with pytest.raises(EdgememError, match="the 16k bin is being run by another edgemem eval"):
-            run("niah", [1024, 16384], "oracle", 1, "m", "hf", None, tmp_path, **kwargs)
-        assert run("niah", [1024, 32768], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
-    assert run("niah", [16384], "oracle", 1, "m", "hf", None, tmp_path, **kwargs).ran == 0
+    target.parent.mkdir()
+    items = [Item("niah", 1024, i, "ctx", "q?", ["1"], "p", meta={"depth": 0.5}) for i in range(3)]
+    target.write_text(json.dumps({"id": items[0].id, "corpora": "here"}) + "\n")
+
+    def built_while_the_other_run_writes(length):
+        with target.open("a") as out:  # the other run finishes item 2 after this one read the file
+            out.write(json.dumps({"id": items[2].id, "corpora": "here"}) + "\n")
+        return items
+
+    kwargs = dict(log=lambda s: None, items=built_while_the_other_run_writes, corpora="here")
+    with contextlib.ExitStack() as other:
+        assert _claim(other, iter(items[1:2]), 1, target, None, "here") == ([items[1]], 0)
+        report = run("niah", [1024], "oracle", 3, "m", "hf", None, tmp_path, **kwargs)
+        assert (report.ran, report.skipped, report.elsewhere) == (0, 1, 2)
+        with contextlib.ExitStack() as mine:  # while held, the claim is the other run's alone
+            assert _claim(mine, iter(items[1:2]), 1, target, None, "here") == ([], 1)
+    with contextlib.ExitStack() as mine:
+        assert _claim(mine, iter(items), 2, target, None, "here") == ([items[1]], 2)
 
 
 def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
@@ -265,7 +280,6 @@ def test_the_oracle_cuts_a_passage_longer_than_the_window_around_its_focus():
     focus (the masked line) when the item names one, else its end; a short one is kept whole."""
     from types import SimpleNamespace
 
-    from edgemem.data.tasks import Item
     from edgemem.methods import OracleMethod
     from edgemem.models import load_tokenizer
 
@@ -384,7 +398,6 @@ def test_armt_method_and_ask_answer_from_the_state_with_the_tail_written(monkeyp
     from edgemem import armt as armt_module
     from edgemem import methods
     from edgemem.armt import answer_state
-    from edgemem.data.tasks import Item
     from edgemem.runtime import answer
 
     assistant = tiny_assistant(segment_len=16)
