@@ -1033,6 +1033,23 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
     ]
 
 
+def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_place():
+    """`niah_digit_swap.py` asks whether the haystack's numbers set the digit armt writes wrong: it
+    swaps two digits in the haystack only (the needle, its question and answers stay), and counts
+    the numbers of a text by their first digit; a needle sentence found twice is refused."""
+    from edgemem.data.tasks import Item
+
+    module = load_script("niah_digit_swap")
+    needle = "The magic number for x is: 3737373."
+    item = Item("niah", 1024, 0, f"v3.11 and 2.6.30 {needle} x37 73", "q?", ["3737373"], needle, "It is")
+    swapped = module.swap_digits(item, "37")
+    assert swapped.context == f"v7.11 and 2.6.70 {needle} x73 37"
+    assert (swapped.id, swapped.answers, swapped.passage) == (item.id, item.answers, item.passage)
+    assert module.first_digits(item.context.replace(needle, "")) == {"3": 3, "1": 1, "2": 1, "6": 1, "7": 1}
+    with pytest.raises(ValueError, match="occurs 2 times"):
+        module.swap_digits(Item("niah", 1024, 0, needle * 2, "q?", ["1"], needle), "37")
+
+
 def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     """The count behind RESULTS' "wrong digits collapse onto 3": per wrong answer with as many
     digits as the gold number, each differing position counts the digit written, the one it

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Does the haystack's own text set the digit armt writes wrong? niah with two haystack digits swapped.
+
+At 64k the misses of the recall-longer-more2 adapter write the needle's first digit as `3`
+(15 of 16 misses), whatever the gold digit. This script rebuilds niah test items (as `edgemem
+eval` does), swaps two digits everywhere in the haystack but in the needle's own sentence, and
+evaluates `armt` on them with `edgemem.evaluate.run`, into a results folder of their own. Digits
+are single tokens in SmolLM2's tokenizer, so every item keeps its token count, segments and needle
+position (checked per item before anything runs). If the haystack's text sets the wrong digit,
+it moves with the swap (`3` -> `7` under `--swap 37`); if it stays, the bias is the adapter's.
+
+    python scripts/niah_digit_swap.py --counts --length 64k            # the haystacks' first digits
+    python scripts/niah_digit_swap.py --adapter A --length 64k -n 20 --swap 37 --results R
+    python scripts/niah_tail_split.py CONTROL.jsonl R/smollm2-135m-instruct/niah.armt.jsonl
+
+Two processes of the same command share the items (`edgemem eval`'s per-item claims), one thread
+each (`OMP_NUM_THREADS=1`). Lines record the corpora build with a `+swapAB` suffix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+
+from edgemem.data.tasks import Builder, Item
+from edgemem.evaluate import parse_lengths, run
+from edgemem.models import load_tokenizer
+
+NUMBER = re.compile(r"(?<![0-9])[0-9]+")
+
+
+def first_digits(text: str) -> Counter[str]:
+    """How many numbers (maximal digit runs) of `text` start with each digit."""
+    return Counter(m.group()[0] for m in NUMBER.finditer(text))
+
+
+def swap_digits(item: Item, pair: str) -> Item:
+    """`item` with the two digits of `pair` swapped everywhere in its context but the needle's own
+    sentence (`item.passage`, which must occur once): the same question, answers and needle."""
+    a, b = pair
+    if item.context.count(item.passage) != 1:
+        raise ValueError(f"{item.id}: the needle's sentence occurs {item.context.count(item.passage)} times")
+    before, after = item.context.split(item.passage)
+    table = str.maketrans({a: b, b: a})
+    context = before.translate(table) + item.passage + after.translate(table)
+    return Item(**{**item.__dict__, "context": context})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", default="64k", help="one length bin, e.g. 64k")
+    parser.add_argument("-n", type=int, default=20, help="items in the bin")
+    parser.add_argument("--swap", default="37", help="the two digits to swap, e.g. 37")
+    parser.add_argument("--adapter", help="ARMT memory adapter (.safetensors)")
+    parser.add_argument("--results", default="docs/digit-swap", help="results folder")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--counts", action="store_true", help="print the haystacks' first digits and stop")
+    parser.add_argument("--tail-chars", type=int, default=20_000, help="--counts: the tail's characters")
+    args = parser.parse_args()
+    if not re.fullmatch(r"[0-9]{2}", args.swap) or args.swap[0] == args.swap[1]:
+        parser.error("--swap takes two different digits, e.g. 37")
+    [length] = parse_lengths(args.length)
+    tokenizer = load_tokenizer(args.model)
+    builder = Builder(tokenizer)
+    if args.counts:
+        item = builder.item("niah", length, 0, args.n)  # a bin's items share one haystack
+        for where, text in (
+            ("whole", item.context),
+            (f"last {args.tail_chars:,} chars", item.context[-args.tail_chars :]),
+        ):
+            counts = first_digits(text.replace(item.passage, ""))
+            total = sum(counts.values())
+            shares = " ".join(f"{d}:{counts[d] / total:.2f}" for d in "0123456789")
+            print(f"{length // 1024}k {where}: {total} numbers, first digit {shares}")
+        return
+
+    swapped = []
+    for item in builder.build("niah", length, args.n):
+        other = swap_digits(item, args.swap)
+        same = len(tokenizer.encode(item.context)) == len(tokenizer.encode(other.context))
+        if not same:
+            raise SystemExit(f"{item.id}: swapping {args.swap} changes the token count")
+        swapped.append(other)
+    corpora = f"{builder.corpora_id('niah')}+swap{args.swap}"
+    results = Path(args.results)
+    report = run(
+        "niah",
+        [length],
+        "armt",
+        args.n,
+        args.model,
+        adapter=args.adapter,
+        results=results,
+        items=lambda _: swapped,
+        corpora=corpora,
+    )
+    print(
+        f"{report.ran} run ({report.correct} correct), {report.skipped} done before, {report.elsewhere} aside"
+    )
+
+
+if __name__ == "__main__":
+    main()
