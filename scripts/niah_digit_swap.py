@@ -3,18 +3,22 @@
 
 At 64k the misses of the recall-longer-more2 adapter write the needle's first digit as `3`
 (15 of 16 misses), whatever the gold digit. This script rebuilds niah test items (as `edgemem
-eval` does), swaps two digits everywhere in the haystack but in the needle's own sentence, and
-evaluates `armt` on them with `edgemem.evaluate.run`, into a results folder of their own. Digits
-are single tokens in SmolLM2's tokenizer, so every item keeps its token count, segments and needle
-position (checked per item before anything runs). If the haystack's text sets the wrong digit,
-it moves with the swap (`3` -> `7` under `--swap 37`); if it stays, the bias is the adapter's.
+eval` does), swaps two digits in the haystack (everywhere, in its last `--last` characters or in
+all but them) but never in the needle's own sentence, and evaluates `armt` on them with
+`edgemem.evaluate.run`, into a results folder of their own. Digits are single tokens in SmolLM2's
+tokenizer, so every item keeps its token count, segments and needle position (checked per item
+before anything runs). If the haystack's text sets the wrong digit, it moves with the swap (`3`
+-> `7` under `--swap 37`); if it stays, the bias is the adapter's.
 
     python scripts/niah_digit_swap.py --counts --length 64k            # the haystacks' first digits
     python scripts/niah_digit_swap.py --adapter A --length 64k -n 20 --swap 37 --results R
+    python scripts/niah_digit_swap.py ... --last 20000 --results R2       # the haystack's end only
+    python scripts/niah_digit_swap.py ... --but-last 20000 --results R3   # all but its end
     python scripts/niah_tail_split.py CONTROL.jsonl R/smollm2-135m-instruct/niah.armt.jsonl
 
 Two processes of the same command share the items (`edgemem eval`'s per-item claims), one thread
-each (`OMP_NUM_THREADS=1`). Lines record the corpora build with a `+swapAB` suffix.
+each (`OMP_NUM_THREADS=1`). Lines record the corpora build with a `+swapAB` suffix
+(`+swapAB-lastN`, `+swapAB-butlastN`).
 """
 
 from __future__ import annotations
@@ -36,15 +40,25 @@ def first_digits(text: str) -> Counter[str]:
     return Counter(m.group()[0] for m in NUMBER.finditer(text))
 
 
-def swap_digits(item: Item, pair: str) -> Item:
-    """`item` with the two digits of `pair` swapped everywhere in its context but the needle's own
-    sentence (`item.passage`, which must occur once): the same question, answers and needle."""
-    a, b = pair
-    if item.context.count(item.passage) != 1:
-        raise ValueError(f"{item.id}: the needle's sentence occurs {item.context.count(item.passage)} times")
-    before, after = item.context.split(item.passage)
-    table = str.maketrans({a: b, b: a})
-    context = before.translate(table) + item.passage + after.translate(table)
+def swap_digits(item: Item, pair: str, start: int = 0, end: int | None = None) -> Item:
+    """`item` with the two digits of `pair` swapped in its context's characters [start, end) (end
+    None: to the end) but never in the needle's own sentence (`item.passage`, which must occur
+    once): the same question, answers and needle."""
+    count = item.context.count(item.passage)
+    if count != 1:
+        raise ValueError(f"{item.id}: the needle's sentence occurs {count} times")
+    table = str.maketrans({pair[0]: pair[1], pair[1]: pair[0]})
+    end = len(item.context) if end is None else end
+
+    def swapped(lo: int, hi: int) -> str:  # the context's [lo, hi), swapped where inside [start, end)
+        a, b = min(max(start, lo), hi), max(min(end, hi), lo)
+        if a >= b:
+            return item.context[lo:hi]
+        return item.context[lo:a] + item.context[a:b].translate(table) + item.context[b:hi]
+
+    needle = item.context.index(item.passage)
+    after = needle + len(item.passage)
+    context = swapped(0, needle) + item.passage + swapped(after, len(item.context))
     return Item(**{**item.__dict__, "context": context})
 
 
@@ -58,6 +72,9 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--counts", action="store_true", help="print the haystacks' first digits and stop")
     parser.add_argument("--tail-chars", type=int, default=20_000, help="--counts: the tail's characters")
+    span = parser.add_mutually_exclusive_group()
+    span.add_argument("--last", type=int, help="swap in the context's last LAST characters only")
+    span.add_argument("--but-last", type=int, help="swap everywhere but in the context's last N characters")
     args = parser.parse_args()
     if not re.fullmatch(r"[0-9]{2}", args.swap) or args.swap[0] == args.swap[1]:
         parser.error("--swap takes two different digits, e.g. 37")
@@ -78,12 +95,17 @@ def main() -> None:
 
     swapped = []
     for item in builder.build("niah", length, args.n):
-        other = swap_digits(item, args.swap)
+        size = len(item.context)
+        start = 0 if args.last is None else max(0, size - args.last)
+        end = size if args.but_last is None else max(0, size - args.but_last)
+        other = swap_digits(item, args.swap, start, end)
         same = len(tokenizer.encode(item.context)) == len(tokenizer.encode(other.context))
         if not same:
             raise SystemExit(f"{item.id}: swapping {args.swap} changes the token count")
         swapped.append(other)
-    corpora = f"{builder.corpora_id('niah')}+swap{args.swap}"
+    where = "" if args.last is None else f"-last{args.last}"
+    where += "" if args.but_last is None else f"-butlast{args.but_last}"
+    corpora = f"{builder.corpora_id('niah')}+swap{args.swap}{where}"
     results = Path(args.results)
     report = run(
         "niah",

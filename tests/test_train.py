@@ -1035,8 +1035,9 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
 
 def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_place():
     """`niah_digit_swap.py` asks whether the haystack's numbers set the digit armt writes wrong: it
-    swaps two digits in the haystack only (the needle, its question and answers stay), and counts
-    the numbers of a text by their first digit; a needle sentence found twice is refused."""
+    swaps two digits in the haystack only (the needle, its question and answers stay), everywhere or
+    in its last characters only, and counts the numbers of a text by their first digit; a needle
+    sentence found twice is refused."""
     from edgemem.data.tasks import Item
 
     module = load_script("niah_digit_swap")
@@ -1046,6 +1047,15 @@ def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_pl
     assert swapped.context == f"v7.11 and 2.6.70 {needle} x73 37"
     assert (swapped.id, swapped.answers, swapped.passage) == (item.id, item.answers, item.passage)
     assert module.first_digits(item.context.replace(needle, "")) == {"3": 3, "1": 1, "2": 1, "6": 1, "7": 1}
+    size = len(item.context)
+    assert (
+        module.swap_digits(item, "37", size - len(" x37 73")).context == f"v3.11 and 2.6.30 {needle} x73 37"
+    )
+    tail = module.swap_digits(item, "37", size - len(f"30 {needle} x37 73"))  # from the middle of "2.6.30"
+    assert tail.context == f"v3.11 and 2.6.70 {needle} x73 37"
+    head = module.swap_digits(item, "37", 0, size - len(f"30 {needle} x37 73"))  # all but that tail
+    assert head.context == f"v7.11 and 2.6.30 {needle} x37 73"
+    assert module.swap_digits(item, "37", 0, len("v3.1")).context == f"v7.11 and 2.6.30 {needle} x37 73"
     with pytest.raises(ValueError, match="occurs 2 times"):
         module.swap_digits(Item("niah", 1024, 0, needle * 2, "q?", ["1"], needle), "37")
 
