@@ -29,6 +29,7 @@ from collections import Counter
 from pathlib import Path
 
 from edgemem.data.tasks import Builder, Item
+from edgemem.errors import EdgememError
 from edgemem.evaluate import parse_lengths, run
 from edgemem.models import load_tokenizer
 
@@ -73,12 +74,20 @@ def main() -> None:
     parser.add_argument("--counts", action="store_true", help="print the haystacks' first digits and stop")
     parser.add_argument("--tail-chars", type=int, default=20_000, help="--counts: the tail's characters")
     span = parser.add_mutually_exclusive_group()
-    span.add_argument("--last", type=int, help="swap in the context's last LAST characters only")
-    span.add_argument("--but-last", type=int, help="swap everywhere but in the context's last N characters")
+    span.add_argument("--last", type=int, metavar="N", help="swap in the context's last N characters only")
+    span.add_argument(
+        "--but-last", type=int, metavar="N", help="swap everywhere but in the last N characters"
+    )
     args = parser.parse_args()
     if not re.fullmatch(r"[0-9]{2}", args.swap) or args.swap[0] == args.swap[1]:
         parser.error("--swap takes two different digits, e.g. 37")
-    [length] = parse_lengths(args.length)
+    try:
+        lengths = parse_lengths(args.length)
+    except EdgememError as e:
+        parser.error(str(e))
+    if len(lengths) != 1:
+        parser.error("--length takes one length bin, e.g. 64k")
+    [length] = lengths
     tokenizer = load_tokenizer(args.model)
     builder = Builder(tokenizer)
     if args.counts:
@@ -89,7 +98,7 @@ def main() -> None:
         ):
             counts = first_digits(text.replace(item.passage, ""))
             total = sum(counts.values())
-            shares = " ".join(f"{d}:{counts[d] / total:.2f}" for d in "0123456789")
+            shares = " ".join(f"{d}:{counts[d] / max(1, total):.2f}" for d in "0123456789")
             print(f"{length // 1024}k {where}: {total} numbers, first digit {shares}")
         return
 
