@@ -91,7 +91,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.model)
     builder = Builder(tokenizer)
     if args.counts:
-        item = builder.item("niah", length, 0, args.n)  # a bin's items share one haystack
+        item = builder.item("niah", length, 0, args.n)  # a bin's items share one haystack (needle aside)
         for where, text in (
             ("whole", item.context),
             (f"last {args.tail_chars:,} chars", item.context[-args.tail_chars :]),
@@ -108,8 +108,7 @@ def main() -> None:
         start = 0 if args.last is None else max(0, size - args.last)
         end = size if args.but_last is None else max(0, size - args.but_last)
         other = swap_digits(item, args.swap, start, end)
-        same = len(tokenizer.encode(item.context)) == len(tokenizer.encode(other.context))
-        if not same:
+        if builder.count(other.context) + builder.count(other.question) != item.tokens:  # as the item counted
             raise SystemExit(f"{item.id}: swapping {args.swap} changes the token count")
         swapped.append(other)
     where = "" if args.last is None else f"-last{args.last}"
