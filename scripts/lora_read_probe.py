@@ -10,6 +10,11 @@ LoRA; only the answer segment and the generated tokens run with the LoRA scaled:
 
     python scripts/lora_read_probe.py --scale 0 --task docqa --length 1k -n 20 --out docqa.jsonl
 
+`--memory-off` zeroes every memory's W_V, so nothing is written and every read is zero: with
+`--segment-len 1024` at 1k the whole document is the tail beside the question, so `--scale 1
+--memory-off` asks whether the LoRA alone loses the copy, and `--scale 0 --memory-off` is the base
+model with the document in its context.
+
 One JSON line per item (id, correct, the answer's first 80 characters, gold) is appended to
 `--out`; the last line printed is the count. Test items as `edgemem eval` builds them, the
 machine's preferred dtype, LoRA not merged (so it can be scaled).
@@ -22,6 +27,8 @@ import contextlib
 import json
 import time
 from collections.abc import Iterator
+
+import torch
 
 from edgemem.armt import ARMT
 from edgemem.assistant import Assistant
@@ -61,11 +68,18 @@ def main() -> None:
     parser.add_argument("--length", default="1k")
     parser.add_argument("-n", type=int, default=20)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--segment-len", type=int, default=None, help="the adapter's, if not given")
+    parser.add_argument("--memory-off", action="store_true", help="zero every W_V: reads are zero")
+    parser.add_argument("--adapter", default=None, help="the shipped adapter, if not given")
     args = parser.parse_args()
     (length,) = parse_lengths(args.length)
 
-    assistant = Assistant.open()
+    assistant = Assistant.open(adapter=args.adapter, segment_len=args.segment_len)
     armt = assistant.armt
+    if args.memory_off:
+        with torch.no_grad():
+            for memory in armt.memories.values():
+                memory.W_V.weight.zero_()
     armt.__class__ = ScaledReadARMT  # same module, same state: only the answer pass changes
     armt.read_scale = args.scale
     method = ARMTMethod(armt, assistant.loaded.tokenizer)
@@ -80,6 +94,8 @@ def main() -> None:
             line = {
                 "id": item.id,
                 "scale_read": args.scale,
+                "memory_off": args.memory_off,
+                "segment_len": armt.config.segment_len,
                 "correct": ok,
                 "pred": pred.text[:80],
                 "gold": item.answers[:3],
@@ -87,7 +103,11 @@ def main() -> None:
             }
             out.write(json.dumps(line) + "\n")
             print(line, flush=True)
-    print(f"{args.task} {args.length} LoRA x {args.scale} in the answer pass: {correct}/{args.n}")
+    memory = ", memory off" if args.memory_off else ""
+    print(
+        f"{args.task} {args.length} LoRA x {args.scale} in the answer pass{memory}, "
+        f"{armt.config.segment_len}-token segments: {correct}/{args.n}"
+    )
 
 
 if __name__ == "__main__":
