@@ -51,6 +51,14 @@ def lora_scaled(armt: ARMT, factor: float) -> Iterator[None]:
             module.scale = scale
 
 
+def silence_memory(armt: ARMT) -> None:
+    """Zero every memory's W_V: nothing is ever written, so every read is zero (the model is its
+    base plus the LoRA)."""
+    with torch.no_grad():
+        for memory in armt.memories.values():
+            memory.W_V.weight.zero_()
+
+
 class ScaledReadARMT(ARMT):
     """`ARMT` whose answer pass (`read_only_forward`) runs with the LoRA scaled; writes do not."""
 
@@ -77,9 +85,7 @@ def main() -> None:
     assistant = Assistant.open(adapter=args.adapter, segment_len=args.segment_len)
     armt = assistant.armt
     if args.memory_off:
-        with torch.no_grad():
-            for memory in armt.memories.values():
-                memory.W_V.weight.zero_()
+        silence_memory(armt)
     armt.__class__ = ScaledReadARMT  # same module, same state: only the answer pass changes
     armt.read_scale = args.scale
     method = ARMTMethod(armt, assistant.loaded.tokenizer)

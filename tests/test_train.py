@@ -1313,6 +1313,31 @@ def test_bf16_autocast_step_runs_and_device_is_resolved(tmp_path):
             resolve_device("cuda")
 
 
+def test_lora_read_probe_memory_off_writes_nothing_and_answers_as_with_an_empty_memory():
+    """`--memory-off` (RESULTS' "its memory off (LoRA on)" row): after `silence_memory` a write
+    leaves every memory's values A at zero (it wrote before), so the answer pass reads what an
+    empty memory gives. The probe silences the memory before any item is written."""
+    from edgemem.armt import ARMTConfig
+
+    module = load_script("lora_read_probe")
+    torch.manual_seed(0)
+    armt = ARMT(tiny_llama(), ARMTConfig.for_model(2, segment_len=8, d_mem=8, lora_rank=4))
+    with torch.no_grad():
+        for memory in armt.memories.values():
+            memory.W_V.weight.normal_(0, 0.5)
+    ids = torch.randint(0, VOCAB, (1, 8))
+    with torch.no_grad():
+        written, _ = armt.step(ids, armt.empty_state())
+        assert any(t.abs().sum() > 0 for k, t in written.named_tensors().items() if k.endswith(".A"))
+        module.silence_memory(armt)
+        silenced, _ = armt.step(ids, armt.empty_state())
+        reads = armt.read_only_forward(ids, silenced)
+        empty = armt.read_only_forward(ids, armt.empty_state())
+    values = {k: t for k, t in silenced.named_tensors().items() if k.endswith(".A")}  # z still counts keys
+    assert values and all(torch.count_nonzero(t) == 0 for t in values.values()), values.keys()
+    torch.testing.assert_close(reads, empty)
+
+
 def test_lora_read_probe_scales_the_lora_in_the_answer_pass_only():
     """The probe behind RESULTS' "the LoRA cannot be left out of the answer pass": with the
     factor 0, `read_only_forward` gives what the model gives with no LoRA at all, while the
