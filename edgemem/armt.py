@@ -81,6 +81,13 @@ class ARMTConfig:
     # carry the segment's facts at chance, so the memory has no signal to learn from; the
     # segment's own tokens carry them (docs/RESULTS.md, "Training the memory").
     write_source: str = "write_tokens"
+    # The answer window (0: off). An answer reads the document's last 1..S tokens (the tail) in its
+    # prompt and writes them into memory first (`answer_state`). With W > 0 the tail is the last
+    # W - S + 1..W tokens (whole segments before it are written, W >= S) and it is not written: it
+    # sits beside the question, read by attention only, as in the training items of an adapter that
+    # learned to copy from view with a full memory (configs/train/smollm2-135m-answer-window.toml).
+    # It changes which segments a stored state holds, so it travels with the adapter and its hash.
+    answer_window: int = 0
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -91,7 +98,7 @@ class ARMTConfig:
     def to_json(self) -> str:
         """JSON of the config; without LoRA the LoRA fields are left out, and so are norm_inputs when
         off and write_source when "write_tokens", so adapters and stored states keyed by the config
-        keep the hashes they had before those options existed."""
+        keep the hashes they had before those options existed (answer_window too, when 0)."""
         data = asdict(self)
         if not self.lora_rank:
             del data["lora_rank"], data["lora_alpha"]
@@ -99,6 +106,8 @@ class ARMTConfig:
             del data["norm_inputs"]
         if self.write_source == "write_tokens":
             del data["write_source"]
+        if not self.answer_window:
+            del data["answer_window"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -524,6 +533,8 @@ def _config_problem(config: ARMTConfig) -> str | None:
         return f"norm_inputs {config.norm_inputs!r} is not true or false"
     if config.write_source not in WRITE_SOURCES:
         return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
+    if not whole(config.answer_window, 0, 1 << 20) or 0 < config.answer_window < config.segment_len:
+        return f"answer_window {config.answer_window!r} is neither 0 nor a whole number from segment_len up"
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha
@@ -567,11 +578,12 @@ class IngestCancelled(EdgememError):
 
 @dataclass(frozen=True)
 class IngestResult:
-    """A document after ingest: its memory, and its last (unwritten) tokens, 1..S of them.
+    """A document after ingest: its memory, and its last (unwritten) tokens, 1..S of them (with an
+    answer window W, `ARMTConfig.answer_window`: W - S + 1..W of them, or the whole of a shorter one).
 
     The tail is not written at ingest: the state stays one of whole segments (resumable, and the
     prefix of any longer document). An answer shows it beside the question, as the reference ARMT
-    generation does, and also writes it first (`answer_state`).
+    generation does, and without an answer window also writes it first (`answer_state`).
     """
 
     state: MemoryState
@@ -591,19 +603,22 @@ def tokenize_stream(text_chunks: Iterable[str], tokenizer: object) -> Iterator[l
 
 
 def iter_segments(
-    token_chunks: Iterable[list[int]], segment_len: int, tail: list[int]
+    token_chunks: Iterable[list[int]], segment_len: int, tail: list[int], window: int = 0
 ) -> Iterator[list[int]]:
-    """Full segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back.
+    """Full segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back
+    (with an answer `window` >= S: keeping the last W - S + 1..W ids back, `ARMTConfig.answer_window`).
 
-    When the chunks run out, the remaining 1..S ids are left in `tail` (cleared first).
-    Holds at most one pending chunk plus one segment: nothing grows with the document.
+    When the chunks run out, the remaining 1..S ids (W - S + 1..W; all of them when there are
+    fewer) are left in `tail` (cleared first). Holds at most one pending chunk plus max(S, W) ids:
+    nothing grows with the document.
     """
     tail.clear()
     buffer = tail
+    keep = max(segment_len, window)  # a segment is written only while more than this remain
     for chunk in token_chunks:
         buffer.extend(chunk)
         offset = 0
-        while len(buffer) - offset > segment_len:
+        while len(buffer) - offset > keep:
             yield buffer[offset : offset + segment_len]
             offset += segment_len
         del buffer[:offset]
@@ -633,7 +648,8 @@ def ingest(
     """Stream token chunks of any sizes through memory, one segment of S tokens at a time.
 
     `armt` is the model, or any engine with the same `config`, `device`, `empty_state` and `step`
-    (the backends of `edgemem.runtime`). The last 1..S tokens are kept as the tail (see `IngestResult`).
+    (the backends of `edgemem.runtime`). The last 1..S tokens are kept as the tail (see `IngestResult`;
+    W - S + 1..W with the config's answer window W).
 
     Resuming: `state` is a checkpoint's state and `start_tokens` the number of ids it already
     holds (its writes times S); that many ids are skipped from the start of the same stream, and
@@ -662,7 +678,7 @@ def ingest(
 
     try:
         with torch.inference_mode():
-            for segment in iter_segments(token_chunks, S, tail):
+            for segment in iter_segments(token_chunks, S, tail, armt.config.answer_window):
                 state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
                 written += len(segment)
                 if progress is not None:
@@ -695,9 +711,10 @@ def answer_state(model: object, state: MemoryState, tail_ids: list[int]) -> Memo
     The adapter learned to recall from memory: a needle left only in the visible tail was answered
     0 of 14 times, and 13 of 14 once written, with the written needles unchanged (66 of 80;
     `scripts/niah_tail_write.py`, docs/RESULTS.md). `model` is an `ARMT` or any runtime with
-    `step(input_ids, state) -> (state, _)` and `device`.
+    `step(input_ids, state) -> (state, _)`, `device` and `config`. With an answer window
+    (`ARMTConfig.answer_window`) the tail is left unwritten: `state` as it is.
     """
-    if not tail_ids:
+    if not tail_ids or getattr(model.config, "answer_window", 0):  # type: ignore[attr-defined]
         return state
     with torch.inference_mode():
         ids = torch.tensor([tail_ids], dtype=torch.long, device=model.device)  # type: ignore[attr-defined]

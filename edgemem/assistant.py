@@ -61,8 +61,10 @@ class Assistant:
         adapter: str | Path | None = None,
         segment_len: int | None = None,
         dtype: torch.dtype | None = None,
+        answer_window: int | None = None,
     ) -> Assistant:
-        """The PyTorch assistant; `dtype` None picks bf16 where it is native, else float32."""
+        """The PyTorch assistant; `dtype` None picks bf16 where it is native, else float32;
+        `segment_len` and `answer_window` None: the adapter's own (`ARMTConfig`)."""
         adapter_path = Path(adapter).expanduser() if adapter else None
         adapter_file = read_adapter(adapter_path) if adapter_path else None  # fail before the slow load
         loaded = load_model(model, dtype)
@@ -74,6 +76,13 @@ class Assistant:
             config, tensors = ARMTConfig.for_model(loaded.model.config.num_hidden_layers), None
         if segment_len is not None:
             config = replace(config, segment_len=segment_len)
+        if answer_window is not None:
+            config = replace(config, answer_window=answer_window)
+        if 0 < config.answer_window < config.segment_len:
+            raise EdgememError(
+                f"answer window {config.answer_window}: 0 (off) or at least the segment length "
+                f"{config.segment_len}"
+            )
         armt = ARMT(loaded.model, config)
         if tensors is not None:
             armt.load_adapter_tensors(tensors)

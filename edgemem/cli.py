@@ -14,7 +14,7 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from edgemem.cli_common import AdapterOpt, ModelOpt, SegmentOpt, _out, err, user_errors
+from edgemem.cli_common import AdapterOpt, AnswerWindowOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.cli_eval import data_app, eval_app
 from edgemem.cli_export import EngineOpt, OptionalModelOpt, bench_runtimes, export_cmd
 from edgemem.cli_train import train_cmd
@@ -77,15 +77,23 @@ def models() -> None:
     _out().print(table)
 
 
-def _open(model: str | None, adapter: str | None, segment_len: int | None, engine: str | None = None):
+def _open(
+    model: str | None,
+    adapter: str | None,
+    segment_len: int | None,
+    engine: str | None = None,
+    answer_window: int | None = None,
+):
     from edgemem.assistant import Assistant
     from edgemem.cli_swax import is_swax_checkpoint, open_swax_assistant
     from edgemem.models import DEFAULT_MODEL
     from edgemem.runtime import OrtOptions, find_default_engine
 
     if engine in (None, "torch") and is_swax_checkpoint(model):  # a SWAX checkpoint as --model
+        if answer_window is not None:
+            raise EdgememError("--answer-window is for ARMT memories, not SWAX models")
         return open_swax_assistant(model, adapter, segment_len)
-    if engine is None and segment_len is None and adapter is None:
+    if engine is None and segment_len is None and adapter is None and answer_window is None:
         found = find_default_engine(model or DEFAULT_MODEL)  # the fastest CPU backend, once exported
         if found is not None:
             err.print(f"using the exported engine {found} (--engine torch runs PyTorch)", markup=False)
@@ -95,12 +103,16 @@ def _open(model: str | None, adapter: str | None, segment_len: int | None, engin
     if engine is not None:
         if segment_len is not None:
             raise EdgememError("an engine's segment length is fixed: export it again with --segment-len")
+        if answer_window is not None:
+            raise EdgememError("an engine's answer window is its adapter's: use --engine torch for another")
         with err.status(f"opening engine {engine}..."):
             # one command, one document: the answer graph's session replaces the segment step's
             assistant = Assistant.open_engine(engine, model, adapter, OrtOptions(one_session=True))
     else:
         with err.status(f"loading {model or DEFAULT_MODEL}..."):
-            assistant = Assistant.open(model or DEFAULT_MODEL, adapter, segment_len)
+            assistant = Assistant.open(
+                model or DEFAULT_MODEL, adapter, segment_len, answer_window=answer_window
+            )
     if not assistant.trained:
         err.print(
             f"note: the memory is untrained (no adapter for {assistant.name}): "
@@ -200,6 +212,7 @@ def ingest_cmd(
     model: OptionalModelOpt = None,
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
+    answer_window: AnswerWindowOpt = None,
     force: Annotated[bool, typer.Option("--force", help="Ingest again even if the library has it.")] = False,
     max_size: MaxSizeOpt = DEFAULT_MAX_SIZE,
     max_time: MaxTimeOpt = None,
@@ -208,7 +221,7 @@ def ingest_cmd(
     """Stream a document or folder through memory and store its state in the library."""
     parse_duration(max_time)  # a bad value fails before the model loads
     source = _scan(path, max_size)
-    assistant = _open(model, adapter, segment_len, engine)
+    assistant = _open(model, adapter, segment_len, engine, answer_window)
     record, doc, reused = _ingest(assistant, source, force, max_time)
     verb = "already in the library" if reused else "ingested"
     err.print(
@@ -228,6 +241,7 @@ def ask(
     model: OptionalModelOpt = None,
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
+    answer_window: AnswerWindowOpt = None,
     max_new_tokens: Annotated[int, typer.Option(min=1, help="Longest answer, in tokens.")] = 256,
     temperature: Annotated[float, typer.Option(min=0.0, help="0 = greedy.")] = 0.0,
     top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
@@ -241,7 +255,7 @@ def ask(
         raise EdgememError("the question is empty")
     parse_duration(max_time)
     source = _scan(path, max_size)
-    assistant = _open(model, adapter, segment_len, engine)
+    assistant = _open(model, adapter, segment_len, engine, answer_window)
     _record, doc, _reused = _ingest(assistant, source, max_time=max_time)
     pieces = assistant.ask(
         doc, question, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed

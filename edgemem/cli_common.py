@@ -41,6 +41,15 @@ SegmentOpt = Annotated[
     ),
 ]
 
+AnswerWindowOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--answer-window",
+        min=0,
+        help="Leave a document's last N tokens unwritten, beside the question (0: off; default: adapter's).",
+    ),
+]
+
 
 def user_errors(func: F) -> F:
     """Turn EdgememError into a one-line message and exit code 1; Ctrl-C into exit code 130."""

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from edgemem.cli_common import ModelOpt, SegmentOpt, _out, err, user_errors
+from edgemem.cli_common import AnswerWindowOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.errors import EdgememError
 
 data_app = typer.Typer(
@@ -87,9 +87,11 @@ def eval_run(
         int, typer.Option(help="armt: items ingested side by side (one batched step per segment).")
     ] = 1,
     segment_len: SegmentOpt = None,
+    answer_window: AnswerWindowOpt = None,
 ) -> None:
     """Run one method on n items per length bin of a task; results append to a JSONL (resumable).
-    armt with --segment-len N reads in N-token segments and has its own results (`armt-sN`)."""
+    armt with --segment-len N reads in N-token segments and has its own results (`armt-sN`); with
+    --answer-window N it leaves a context's last N tokens unwritten beside the question (`armt-wN`)."""
     if ctx.invoked_subcommand is not None:
         return
     if task is None:
@@ -120,6 +122,7 @@ def eval_run(
         dtype=dtypes[dtype],
         batch=batch,
         segment_len=segment_len,
+        answer_window=answer_window,
     )
     done = f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}"
     beside = f", {report.elsewhere} run by another eval beside this one" if report.elsewhere else ""

@@ -58,19 +58,26 @@ def parse_lengths(text: str) -> list[int]:
     return sorted(set(out))
 
 
-def method_label(method: str, engine: str, segment_len: int | None = None) -> str:
+def method_label(
+    method: str, engine: str, segment_len: int | None = None, answer_window: int | None = None
+) -> str:
     """The results file's and the table's name for a run: `armt` (`armt-s64` read in 64-token
-    segments instead of the adapter's own), `window` (llama.cpp) or `window-hf`, ..."""
+    segments instead of the adapter's own, `armt-w768` with an answer window of 768 tokens instead
+    of the adapter's own, `armt-s64-w768` both), `window` (llama.cpp) or `window-hf`, ..."""
     if method == "armt":
-        return "armt" if segment_len is None else f"armt-s{segment_len}"
+        window = f"-w{answer_window}" if answer_window is not None else ""
+        return "armt" + (f"-s{segment_len}" if segment_len is not None else "") + window
     if segment_len is not None:
         raise EdgememError(f"--segment-len is for armt only, not {method}")
+    if answer_window is not None:
+        raise EdgememError(f"--answer-window is for armt only, not {method}")
     return method if engine == "llama" else f"{method}-{engine}"
 
 
 def is_armt(label: str) -> bool:
-    """A results label of the memory (`armt`, `armt-s64`), whose lines are kept apart by memory."""
-    return label == "armt" or label.startswith("armt-s")
+    """A results label of the memory (`armt`, `armt-s64`, `armt-w768`), whose lines are kept apart
+    by memory."""
+    return label == "armt" or label.startswith(("armt-s", "armt-w"))
 
 
 def _model_dir_name(model: str) -> str:
@@ -85,21 +92,42 @@ def adapter_id(model: str, adapter: str | None) -> str:
     """Which memory an `armt` run uses: the first 16 hex digits of the sha256 of its adapter file
     (the one given, else the one shipped for the model), or UNTRAINED. Recorded on every armt
     line, so items run with another memory are neither skipped on resume nor mixed in a row."""
-    from edgemem.assistant import shipped_adapter
     from edgemem.files import sha256_file
+
+    path = _adapter_path(model, adapter)
+    return UNTRAINED if path is None else sha256_file(path)[:16]
+
+
+def _adapter_path(model: str, adapter: str | None) -> Path | None:
+    """The adapter file an armt run loads (the one given, else the one shipped), None: untrained."""
+    from edgemem.assistant import shipped_adapter
     from edgemem.models import REGISTRY
 
     path = Path(adapter).expanduser() if adapter else (shipped_adapter(model) if model in REGISTRY else None)
-    if path is None:
-        return UNTRAINED
-    if not path.is_file():
+    if path is not None and not path.is_file():
         raise EdgememError(f"adapter {path} does not exist")
-    return sha256_file(path)[:16]
+    return path
+
+
+def answer_window_of(model: str, adapter: str | None, override: int | None = None) -> int:
+    """The answer window an armt run answers with: `override`, else its adapter's (0 untrained)."""
+    from edgemem.armt import read_adapter
+
+    if override is not None:
+        return override
+    path = _adapter_path(model, adapter)
+    return 0 if path is None else read_adapter(path)[0].answer_window
 
 
 # How armt answers, recorded on its lines: since the tail is written before answering
 # (`armt.answer_state`), lines without it are an older answer path and run again.
 ARMT_ANSWER = "tail-written"
+
+
+def armt_answer(answer_window: int) -> str:
+    """The `answer` an armt line records: `tail-written`, or `window768-unwritten` when the context's
+    last 768 tokens or fewer were left unwritten beside the question (`ARMTConfig.answer_window`)."""
+    return f"window{answer_window}-unwritten" if answer_window else ARMT_ANSWER
 
 
 def memory_key(record: dict) -> str:
@@ -184,11 +212,15 @@ def run(
     batch: int = 1,
     segment_len: int | None = None,
     corpora: str | None = None,
+    answer_window: int | None = None,
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
     torch weights' dtype (None: the machine's preferred one); each line records the one used.
     `segment_len` (armt only): read in segments of that many tokens instead of the adapter's own;
     such runs have their own label and file (`armt-s64`), and every armt line records its length.
+    `answer_window` (armt only): answer with that window instead of the adapter's own
+    (`ARMTConfig.answer_window`); label `armt-w768`. Every armt line records how it answered
+    (`answer`: `tail-written`, or `window768-unwritten`).
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
     lines record it, and an item is done only for its build. Two runs of one bin into one results
     file (two processes, one per core) share its items: each claims the next item the other neither
@@ -202,10 +234,13 @@ def run(
     from edgemem.models import load_tokenizer
 
     fix_mmap_threshold()
-    label = method_label(method, engine, segment_len)
+    label = method_label(method, engine, segment_len, answer_window)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
-    armt_fields = {"adapter": memory, "answer": ARMT_ANSWER} if memory is not None else {}
+    armt_fields = {}
+    if memory is not None:
+        window = answer_window_of(model, adapter, answer_window)
+        armt_fields = {"adapter": memory, "answer": armt_answer(window)}
     corpora_id = corpora
     if items is None:
         builder = Builder(load_tokenizer(model))
@@ -236,7 +271,9 @@ def run(
                     if not group:
                         break
                     if runner is None:  # loaded only when there is work
-                        runner = methods.build(method, model, engine, adapter, dtype, segment_len)
+                        runner = methods.build(
+                            method, model, engine, adapter, dtype, segment_len, answer_window
+                        )
                     start = time.perf_counter()
                     if len(group) == 1:
                         predictions = [runner.predict(group[0], MAX_NEW_TOKENS[task])]

@@ -305,15 +305,18 @@ class PrefixStateCache:
         All of them start from the longest cached prefix they all share with the previous call's
         last context; the cache then holds states of this call's last context.
         """
-        S = self.armt.config.segment_len
-        n_full = [(len(ids) - 1) // S for ids in contexts]  # iter_segments keeps >= 1 token back
+        S, window = self.armt.config.segment_len, self.armt.config.answer_window
+        keep = max(S, window)  # iter_segments writes a segment while more than this many ids remain
+        n_full = [max(0, -(-(len(ids) - keep) // S)) for ids in contexts]
         common = min(_common_prefix(self._prev, ids) for ids in contexts)
         start = max(k for k in self._states if k * S <= common and k <= min(n_full))
         last = len(contexts) - 1
         states = {k: s for k, s in self._states.items() if k <= start}
         stride = max(1, -(-n_full[last] // self.max_states))
         tails: list[list[int]] = [[] for _ in contexts]
-        segments = [list(iter_segments([c[start * S :]], S, t)) for c, t in zip(contexts, tails, strict=True)]
+        segments = [
+            list(iter_segments([c[start * S :]], S, t, window)) for c, t in zip(contexts, tails, strict=True)
+        ]
         finals: dict[int, MemoryState] = {}
         running = list(range(len(contexts)))  # the contexts in the batch, in row order
         batch = MemoryState.cat([self._states[start]] * len(contexts))
@@ -349,7 +352,8 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 class ARMTMethod:
     """edgemem: ingest the context through memory, write its tail too, answer with the tail and the
-    question (as `edgemem ask` does)."""
+    question (as `edgemem ask` does). With an answer window (`ARMTConfig.answer_window`) the tail is
+    the context's last W tokens or fewer, and it is not written."""
 
     name = "armt"
 
@@ -377,7 +381,10 @@ class ARMTMethod:
             state = answer_state(self.armt, done.state, done.tail)
             answer = list(generate_ids(self.armt, state, prompt, self.stop_ids, max_new_tokens))
             computed = (
-                done.stepped * self.armt.config.segment_len + len(done.tail) + len(prompt) + len(answer)
+                done.stepped * self.armt.config.segment_len
+                + (0 if self.armt.config.answer_window else len(done.tail))
+                + len(prompt)
+                + len(answer)
             )
             memory = done.state.nbytes() + (len(prompt) + len(answer)) * self.kv_per_token
             out.append(Prediction(_decode(self.tokenizer, answer), computed, memory))
@@ -399,10 +406,12 @@ def build(
     adapter: str | None = None,
     dtype: torch.dtype | None = None,
     segment_len: int | None = None,
+    answer_window: int | None = None,
 ) -> Method:
     """A ready method on a registry model (or a model path); `dtype` None: the machine's preferred one
     (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`); `segment_len`
-    (armt only) None: the adapter's own."""
+    (armt only) None: the adapter's own; `answer_window` (armt only) likewise
+    (`ARMTConfig.answer_window`)."""
     from edgemem.models import load_model, resolve_source
 
     if method not in METHODS:
@@ -412,7 +421,7 @@ def build(
     if method == "armt":
         from edgemem.assistant import Assistant
 
-        assistant = Assistant.open(model, adapter, segment_len, dtype=dtype)
+        assistant = Assistant.open(model, adapter, segment_len, dtype=dtype, answer_window=answer_window)
         assistant.armt.merge_lora()  # inference only: 1.3x faster ingest (scripts/armt_batch_speed.py)
         return ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
     loaded = load_model(model, dtype)

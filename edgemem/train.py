@@ -92,6 +92,10 @@ class Stage:
       in the unwritten tail next to the question, where it is read by attention, not from memory
       (the evaluation puts it there whenever its depth falls past the last full segment).
     tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
+    p_view: vt/docqa/types items only: the probability that the whole item sits in the unwritten
+      tail (tail // 4..tail tokens of it), after written segments of other prose, as an answer
+      window shows a document's end (`methods.ARMTMethod`): the answer is copied from view, with a
+      memory full of something else.
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
@@ -112,6 +116,7 @@ class Stage:
     needle_segment: str = "any"
     p_tail: float = 0.0
     tail: int = 0
+    p_view: float = 0.0
     keys: int = 1
     digits: int = 7
     short_segment_len: int = 0
@@ -133,8 +138,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
-        if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1:
-            raise EdgememError(f"stage {self.name!r}: p_short and p_tail must lie in [0, 1]")
+        if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1 or not 0 <= self.p_view <= 1:
+            raise EdgememError(f"stage {self.name!r}: p_short, p_tail and p_view must lie in [0, 1]")
 
 
 @dataclass(frozen=True)
@@ -433,6 +438,8 @@ class ProseTasks:
         varies): (document ids, answer-segment prompt, answer ids)."""
         if self.builder is None:
             raise EdgememError(f"the {kind} task needs the corpora's documents (a Builder)")
+        if stage.p_view > 0 and rng.random() < stage.p_view:  # no draw at 0: older runs replay
+            return self.view_item(kind, rng, stage, S, segments)
         tail = rng.randint(1, stage.tail or S)
         for _ in range(20):  # a generator may not fit a short bin (a types file too long for it)
             index = rng.randrange(10**9)
@@ -449,6 +456,28 @@ class ProseTasks:
             answer = self._ids(text) + ([self.end_id] if ends and self.end_id is not None else [])
             return doc, prompt, answer
         raise EdgememError(f"could not build a {kind} item of {segments} x {S} tokens from the corpora")
+
+    def view_item(
+        self, kind: str, rng: random.Random, stage: Stage, S: int, segments: int
+    ) -> tuple[list[int], list[int], list[int]]:
+        """A vt/docqa/types item whole in the unwritten tail (`Stage.p_view`), after `segments`
+        written segments of other prose: (document ids, answer-segment prompt, answer ids)."""
+        assert self.builder is not None
+        top = stage.tail or S
+        for _ in range(20):
+            index = rng.randrange(10**9)
+            try:
+                item = self.builder.item(kind, rng.randint(max(1, top // 4), top), index, 10**9)
+            except EdgememError:
+                continue
+            view = self._ids(item.context)
+            if len(view) > top + 64:
+                continue
+            prompt = prompt_ids(self.tokenizer, view, item.question) + self._ids(item.answer_prefix)
+            text, ends = answer_text(item)
+            answer = self._ids(text) + ([self.end_id] if ends and self.end_id is not None else [])
+            return self._window(rng, S * segments) + view, prompt, answer
+        raise EdgememError(f"could not build a {kind} item of at most {top} tokens from the corpora")
 
 
 def prose_stream(tokenizer: object, corpora: tuple[str, ...], split: str, limit: int) -> Tensor:

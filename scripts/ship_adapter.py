@@ -10,6 +10,9 @@ log.jsonl (tokens, step time, held-out recall by step) and the evaluation files 
 (accuracy per length bin of the lines run with the shipped file: `edgemem eval --method armt`
 after this script, or with `--adapter edgemem/adapters/<model>.safetensors`).
 float16 halves the file; the script checks that no tensor moves by more than float16 rounding.
+`--answer-window N` ships the adapter with that answer window in its memory config
+(`ARMTConfig.answer_window`: `edgemem ask` and `edgemem eval` then answer with it by default);
+evaluate it first with `edgemem eval --adapter <file> --answer-window N`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import replace
 from itertools import groupby
 from pathlib import Path
 
@@ -207,10 +211,21 @@ def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
     return [f"{line}, trained by an earlier recipe."]
 
 
-def ship(adapter: Path, run: Path, evals: list[Path], out_dir: Path, command: str) -> tuple[Path, str]:
-    """Write `out_dir/<model>.safetensors` (float16) and its card. Returns (path, adapter hash)."""
+def ship(
+    adapter: Path,
+    run: Path,
+    evals: list[Path],
+    out_dir: Path,
+    command: str,
+    answer_window: int | None = None,
+) -> tuple[Path, str]:
+    """Write `out_dir/<model>.safetensors` (float16) and its card. Returns (path, adapter hash).
+    `answer_window` None: the adapter's own."""
     config, tensors = read_adapter(adapter)
     meta, _ = read_safetensors(adapter, "adapter")
+    if answer_window is not None:
+        config = replace(config, answer_window=answer_window)
+        meta = {**meta, "config": config.to_json()}
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]
     step = int(meta["train_steps"])
@@ -290,19 +305,21 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--run", type=Path, required=True, help="the run folder (its log.jsonl)")
     ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
     ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
+    ap.add_argument("--answer-window", type=int, help="ship with this answer window in its config")
     return ap
 
 
-def command_line(adapter: Path, run: Path, evals: list[Path]) -> str:
+def command_line(adapter: Path, run: Path, evals: list[Path], answer_window: int | None = None) -> str:
     """The card's record of how it was shipped: a command that `parser()` reads back the same."""
     line = f"python scripts/ship_adapter.py {adapter} --run {run}"
+    line += f" --answer-window {answer_window}" if answer_window is not None else ""
     return f"{line} --eval {' '.join(map(str, evals))}" if evals else line
 
 
 def main() -> None:
     args = parser().parse_args()
-    command = command_line(args.adapter, args.run, args.eval)
-    out, digest = ship(args.adapter, args.run, args.eval, args.out, command)
+    command = command_line(args.adapter, args.run, args.eval, args.answer_window)
+    out, digest = ship(args.adapter, args.run, args.eval, args.out, command, args.answer_window)
     size = out.stat().st_size / 1e6
     print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {digest[:16]}")
 

@@ -13,6 +13,7 @@ from edgemem.armt import (
     generate_ids,
     ingest,
     iter_segments,
+    parse_config,
     read_adapter,
     save_adapter,
 )
@@ -138,6 +139,53 @@ def test_iter_segments_keeps_a_tail_of_one_to_s_tokens():
     assert segments == [list(range(0, 10)), list(range(10, 20))]
     assert tail == list(range(20, 30))  # exactly S left: kept for the answer segment
     assert list(iter_segments([[1, 2, 3]], 10, tail)) == [] and tail == [1, 2, 3]
+
+
+def test_iter_segments_with_an_answer_window_keeps_its_last_w_minus_s_plus_one_to_w_tokens():
+    """An answer window W keeps the last W - S + 1..W ids back as the tail (whole segments before
+    them are written), whatever the chunking; a stream of at most W ids is all tail."""
+    S, W = 10, 25
+    for n in range(1, 80):
+        for step in (1, 7, 100):
+            ids = list(range(n))
+            tail: list[int] = []
+            segments = list(iter_segments([ids[i : i + step] for i in range(0, n, step)], S, tail, W))
+            written = [i for seg in segments for i in seg]
+            assert all(len(seg) == S for seg in segments) and written + tail == ids
+            assert W - S < len(tail) <= W if n > W else tail == ids
+
+
+def test_answer_window_travels_with_the_config_and_keeps_old_hashes():
+    """answer_window is part of the adapter's config (and so of every stored state's key), left out
+    of the JSON when 0 so older adapters keep their hashes; a window shorter than a segment is
+    refused when a config is read."""
+    config = ARMTConfig.for_model(30, segment_len=128)
+    assert "answer_window" not in config.to_json()
+    windowed = ARMTConfig.for_model(30, segment_len=128, answer_window=1024)
+    assert parse_config(windowed.to_json(), "x") == windowed and windowed.to_json() != config.to_json()
+    with pytest.raises(EdgememError, match="answer_window"):
+        parse_config(ARMTConfig.for_model(30, segment_len=128, answer_window=64).to_json(), "x")
+
+
+def test_ingest_with_an_answer_window_writes_only_the_segments_before_it_and_answers_unwritten():
+    """With an answer window the ingested state is the one of the whole segments before the tail
+    (the same as ingesting that prefix alone), and `answer_state` leaves it as it is: the tail is
+    read in view only. Without one the tail is written."""
+    from dataclasses import replace
+
+    armt = make("llama")
+    randomise_memory(armt)
+    S = armt.config.segment_len
+    ids = torch.randint(0, VOCAB, (5 * S + 3,)).tolist()
+    plain = ingest(armt, [ids])
+    prefix = ingest(armt, [ids[: 4 * S + 1]]).state  # its 4 whole segments
+    armt.config = replace(armt.config, answer_window=2 * S)
+    doc = ingest(armt, [ids[i : i + 5] for i in range(0, len(ids), 5)])
+    assert doc.tail_ids == ids[4 * S :] and doc.state.writes == 4 and doc.tokens == len(ids)
+    assert all(torch.equal(t, prefix.named_tensors()[k]) for k, t in doc.state.named_tensors().items())
+    assert answer_state(armt, doc.state, doc.tail_ids) is doc.state
+    armt.config = replace(armt.config, answer_window=0)
+    assert answer_state(armt, plain.state, plain.tail_ids).writes == plain.state.writes + 1
 
 
 def test_ingest_is_equivalent_whatever_the_chunking():

@@ -1,5 +1,6 @@
 """The CLI: every user mistake is one line on stderr and a non-zero exit; the real flow works."""
 
+import re
 import sysconfig
 from pathlib import Path
 
@@ -122,6 +123,15 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
 
     removed = run("library", "--remove", str(record.id))
     assert removed.exit_code == 0 and not state_file.exists()
+
+    # an answer window is part of the memory config: its states are another library entry, with
+    # the whole segments before the window written; one shorter than a segment is refused
+    windowed = run("ingest", str(doc), "--segment-len", "256", "--answer-window", "1024")
+    assert windowed.exit_code == 0 and "ingested" in windowed.stderr, windowed.output
+    tokens = int(re.search(r"([\d,]+) tokens", forced.stderr).group(1).replace(",", ""))
+    assert f"{-(-(tokens - 1024) // 256)} segments written" in windowed.stderr
+    assert f"{(tokens - 1) // 256} segments written" in forced.stderr
+    assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", "64"), "answer window 64")
 
 
 @pytest.mark.real_model

@@ -222,6 +222,79 @@ def test_two_runs_of_one_bin_share_its_items_and_run_each_once(tmp_path):
         assert _claim(mine, iter(items), 2, target, None, "here") == ([items[1]], 2)
 
 
+def test_answer_window_has_its_own_label_and_answer_and_is_armt_only():
+    """`--answer-window 768` answers another way than the adapter's own: its own file and row
+    (`armt-w768`), and its lines record another `answer`, so they never count as, or resume, the
+    tail-written ones."""
+    from edgemem.evaluate import armt_answer, is_armt
+
+    assert method_label("armt", "hf", None, 768) == "armt-w768"
+    assert method_label("armt", "hf", 64, 768) == "armt-s64-w768"
+    assert method_label("armt", "hf", None, 0) == "armt-w0"
+    assert is_armt("armt-w768") and is_armt("armt-s64-w768") and not is_armt("window-hf")
+    assert armt_answer(0) == "tail-written" and armt_answer(768) == "window768-unwritten"
+    with pytest.raises(EdgememError, match="armt only"):
+        method_label("window", "llama", None, 768)
+
+
+def test_armt_method_and_ask_with_an_answer_window_leave_the_last_tokens_unwritten_and_in_view(monkeypatch):
+    """With an answer window W (`ARMTConfig.answer_window`) the evaluation's armt and `edgemem ask`
+    both answer from the memory of the whole segments before the context's last W - S + 1..W
+    tokens, write nothing of those, and show them beside the question; a context of at most W
+    tokens answers from an empty memory with all of it in view. The real ingest and generation
+    run; a wrapper records what generation was given."""
+    from tiny_assistant import tiny_assistant
+
+    from edgemem import armt as armt_module
+    from edgemem import methods
+    from edgemem.armt import prompt_ids
+    from edgemem.runtime import answer
+
+    assistant = tiny_assistant(segment_len=16, answer_window=40)
+    armt, tokenizer = assistant.armt, assistant.loaded.tokenizer
+    seen = []
+    real = armt_module.generate_ids
+
+    def recording(model, state, prompt, *args, **kwargs):
+        seen.append((state, prompt))
+        return real(model, state, prompt, *args, **kwargs)
+
+    def same(a, b) -> bool:
+        return a.writes == b.writes and all(
+            torch.equal(t, b.named_tensors()[k]) for k, t in a.named_tensors().items()
+        )
+
+    monkeypatch.setattr(methods, "generate_ids", recording)
+    method = methods.ARMTMethod(armt, tokenizer)
+    context = " ".join(f"word{i} is {i * 7 % 13}." for i in range(40))
+    item = Item("docqa", 1024, 0, context, "What is word3?", ["8"], "", "")
+    ids = method._ids(context)
+    assert len(ids) > 100
+    method.predict(item, 2)
+    cut = -(-(len(ids) - 40) // 16) * 16  # whole segments before the window
+    assert len(ids) - 40 <= cut < len(ids) - 40 + 16
+    state, prompt = seen[-1]
+    doc = ingest(armt, [ids])
+    assert doc.tail_ids == ids[cut:] and doc.state.writes == cut // 16
+    assert same(state, doc.state) and prompt == prompt_ids(tokenizer, ids[cut:], item.question)
+
+    runtime = assistant.runtime
+    real_runtime = runtime.generate_ids
+    monkeypatch.setattr(
+        runtime,
+        "generate_ids",
+        lambda state, prompt, *a, **k: seen.append((state, prompt)) or real_runtime(state, prompt, *a, **k),
+    )
+    "".join(answer(runtime, doc, item.question, max_new_tokens=2))
+    assert same(seen[-1][0], doc.state) and seen[-1][1] == prompt_ids(tokenizer, ids[cut:], item.question)
+
+    short = Item("docqa", 1024, 1, "word1 is 7. word2 is 1.", "What is word2?", ["1"], "", "")
+    method.predict(short, 2)
+    state, prompt = seen[-1]
+    assert state.writes == 0 and all(not t.any() for t in state.named_tensors().values())
+    assert prompt == prompt_ids(tokenizer, method._ids(short.context), short.question)
+
+
 def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
     """`--segment-len 64` reads the same adapter in 64-token segments: its lines go to their own
     file (niah.armt-s64.jsonl) and row, kept apart by memory like armt's, so they neither skip the

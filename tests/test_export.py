@@ -163,6 +163,29 @@ def test_ask_engine_end_to_end_gives_the_torch_answer(tiny, torch_assistant, tmp
     assert expected.strip() and on_engine.stdout.strip() == expected.strip()
 
 
+def test_an_answer_window_travels_into_the_bundle_and_the_engine_answers_as_torch(tiny, tmp_path):
+    """An adapter with an answer window exports with it (the manifest's memory config): the engine
+    leaves the same last tokens unwritten, in view, and gives the PyTorch answer."""
+    window = 3 * SEGMENT
+    adapter = tmp_path / "windowed.safetensors"
+    save_adapter(tiny_assistant(segment_len=SEGMENT, answer_window=window).armt, adapter)
+    bundle = tmp_path / "bundle"
+    result = run("export", "--model", tiny["folder"], "--adapter", adapter, "--out", bundle)
+    assert result.exit_code == 0, result.output
+    assert Assistant.open_engine(bundle).runtime.config.answer_window == window
+    doc = tmp_path / "vault.txt"
+    doc.write_text(TEXT * 2)
+    question = "What is the code?"
+    on_engine = run("ask", doc, question, "--engine", bundle, "--max-new-tokens", "12")
+    assert on_engine.exit_code == 0, on_engine.output
+    reference_assistant = Assistant.open(str(tiny["folder"]), adapter, dtype=torch.float32)
+    tokens = tokenize_stream(iter_text(scan(doc)), reference_assistant.loaded.tokenizer)
+    reference = ingest(reference_assistant.armt, tokens)
+    assert window - SEGMENT < len(reference.tail_ids) <= window and reference.state.writes > 0
+    expected = "".join(reference_assistant.ask(reference, question, max_new_tokens=12))
+    assert expected.strip() and on_engine.stdout.strip() == expected.strip()
+
+
 def test_states_are_shared_between_torch_and_the_fp32_engine(tiny, torch_assistant, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT * 2)

@@ -443,6 +443,15 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
         and "| niah.armt.jsonl | 2048 | 1 | 1 | 2.0 |" in card
     )
     assert "Trained for 3 of the recipe's 3 steps" in card
+    # --answer-window: the same tensors, shipped with that window in the memory config (a new hash)
+    windowed = tmp_path / "windowed"
+    windowed.mkdir()
+    window = 4 * memory_config.segment_len
+    out_w, digest_w = ship.ship(adapter, tmp_path / "run", [], windowed, "ship", answer_window=window)
+    config_w, tensors_w = read_adapter(out_w)
+    assert config_w.answer_window == window and memory_config.answer_window == 0
+    assert all(torch.equal(tensors_w[k], t) for k, t in tensors.items()) and digest_w != digest
+    assert f'answer_window": {window}' in out_w.with_suffix(".md").read_text()
 
 
 def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
@@ -562,12 +571,13 @@ def test_ship_adapter_card_command_reads_back_every_eval_file():
 
     ship = load_script("ship_adapter")
     evals = [Path("docs/eval/m/niah.armt.jsonl"), Path("docs/eval/m/vt.armt.jsonl")]
-    for given in (evals, []):
-        line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given)
+    for given, window in ((evals, None), ([], None), (evals, 1024)):
+        line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given, window)
         args = ship.parser().parse_args(shlex.split(line)[2:])
         assert (
             args.eval == given and args.adapter == Path("runs/a.safetensors") and args.run == Path("runs/r")
         )
+        assert args.answer_window == window
 
 
 def test_frozen_backbone_trains_only_the_adapter(tmp_path):
@@ -1210,6 +1220,39 @@ def test_recall_stage_digits_sets_the_needle_number_length(prose_tasks):
     for bad in (0, 13):
         with pytest.raises(EdgememError, match="digits"):
             Stage(name="r", task="recall", steps=1, segment_len=8, digits=bad)
+
+
+def test_p_view_puts_the_whole_item_unwritten_beside_the_question(train_split_tasks):
+    """With p_view = 1 a docqa item sits whole in the unwritten tail (tail // 4..tail tokens, as an
+    answer window shows a document's end), after written segments of other prose: the asked word
+    is in view and nowhere in what memory gets; p_view = 0 builds the item as before (no draw)."""
+    import re
+
+    tok = train_split_tasks.tokenizer
+    S, n = 64, 2
+    options = dict(name="d", task="docqa", steps=1, segment_len=S, segments=(n,), tail=512)
+    for seed in range(3):
+        doc, prompt, answer = train_split_tasks.task_item(
+            "docqa", step_rng(0, seed, "v"), Stage(**options, p_view=1.0), S, n
+        )
+        word = tok.decode(answer, skip_special_tokens=True).strip()
+        view = tok.decode(doc[S * n :])
+        assert 512 // 4 - 64 <= len(doc) - S * n <= 512 + 64
+        assert len(re.findall(rf"\b{word}\b", view, re.I)) == 1
+        assert view.strip()[:200] in tok.decode(prompt)
+        stream = train_split_tasks.stream.tolist()
+        start = stream.index(doc[0])  # the written part is a window of the prose stream
+        while stream[start : start + S * n] != doc[: S * n]:
+            start = stream.index(doc[0], start + 1)
+    # p_view = 0: the draws of the recipe before p_view existed (tail length, then the item)
+    for seed in range(5, 8):
+        rng = step_rng(0, seed, "v")
+        tail = rng.randint(1, 512)
+        item = train_split_tasks.builder.item("docqa", S * n + tail + 64, rng.randrange(10**9), 10**9)
+        doc, _, _ = train_split_tasks.task_item("docqa", step_rng(0, seed, "v"), Stage(**options), S, n)
+        assert doc == tok(item.context, add_special_tokens=False).input_ids
+    with pytest.raises(EdgememError, match="p_view"):
+        Stage(**options, p_view=-0.1)
 
 
 def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):

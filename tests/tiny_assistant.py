@@ -27,10 +27,14 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_assistant(segment_len: int = 16, seed: int = 0) -> Assistant:
+def tiny_assistant(segment_len: int = 16, seed: int = 0, answer_window: int = 0) -> Assistant:
     base = tiny_llama(seed)
     config = ARMTConfig.for_model(
-        base.config.num_hidden_layers, segment_len=segment_len, num_write_tokens=3, d_mem=8
+        base.config.num_hidden_layers,
+        segment_len=segment_len,
+        num_write_tokens=3,
+        d_mem=8,
+        answer_window=answer_window,
     )
     armt = ARMT(base, config)
     g = torch.Generator().manual_seed(seed + 1)
