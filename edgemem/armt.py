@@ -84,9 +84,9 @@ class ARMTConfig:
     # The answer window (0: off). An answer reads the document's last 1..S tokens (the tail) in its
     # prompt and writes them into memory first (`answer_state`). With W > 0 the tail is the last
     # W - S + 1..W tokens (whole segments before it are written, W >= S) and it is not written: it
-    # sits beside the question, read by attention only, as in the training items of an adapter that
-    # learned to copy from view with a full memory (configs/train/smollm2-135m-answer-window.toml).
-    # It changes which segments a stored state holds, so it travels with the adapter and its hash.
+    # sits beside the question, read by attention only, as in `p_view` training items. The adapters
+    # trained so far do not copy well from there (docs/RESULTS.md, "Twenty-eighth session"). It
+    # changes which segments a stored state holds, so it travels with the adapter and its hash.
     answer_window: int = 0
 
     @classmethod
@@ -659,6 +659,7 @@ def ingest(
     else (Ctrl-C, a read error) interrupts the run.
     """
     S = armt.config.segment_len
+    window = getattr(armt.config, "answer_window", 0)  # a SWAX runtime's config has none
     if start_tokens:
         if state is None or start_tokens != state.writes * S:
             raise EdgememError(f"a resumed ingest needs a state with {start_tokens} / {S} writes")
@@ -678,7 +679,7 @@ def ingest(
 
     try:
         with torch.inference_mode():
-            for segment in iter_segments(token_chunks, S, tail, armt.config.answer_window):
+            for segment in iter_segments(token_chunks, S, tail, window):
                 state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
                 written += len(segment)
                 if progress is not None:
