@@ -10,7 +10,9 @@ LoRA; only the answer segment and the generated tokens run with the LoRA scaled:
 
     python scripts/lora_read_probe.py --scale 0 --task docqa --length 1k -n 20 --out docqa.jsonl
 
-`--memory-off` zeroes every memory's W_V, so nothing is written and every read is zero: with
+`--answer-window N` answers with that window instead of the adapter's own (`ARMTConfig`); with
+`--memory-off` too, it asks whether the memory read is what keeps the answer in view from being
+copied. `--memory-off` zeroes every memory's W_V, so nothing is written and every read is zero: with
 `--segment-len 1024` at 1k the whole document is the tail beside the question, so `--scale 1
 --memory-off` asks whether the LoRA alone loses the copy, and `--scale 0 --memory-off` is the base
 model with the document in its context.
@@ -79,10 +81,13 @@ def main() -> None:
     parser.add_argument("--segment-len", type=int, default=None, help="the adapter's, if not given")
     parser.add_argument("--memory-off", action="store_true", help="zero every W_V: reads are zero")
     parser.add_argument("--adapter", default=None, help="the shipped adapter, if not given")
+    parser.add_argument("--answer-window", type=int, default=None, help="the adapter's, if not given")
     args = parser.parse_args()
     (length,) = parse_lengths(args.length)
 
-    assistant = Assistant.open(adapter=args.adapter, segment_len=args.segment_len)
+    assistant = Assistant.open(
+        adapter=args.adapter, segment_len=args.segment_len, answer_window=args.answer_window
+    )
     armt = assistant.armt
     if args.memory_off:
         silence_memory(armt)
@@ -102,6 +107,7 @@ def main() -> None:
                 "scale_read": args.scale,
                 "memory_off": args.memory_off,
                 "segment_len": armt.config.segment_len,
+                "answer_window": armt.config.answer_window,
                 "correct": ok,
                 "pred": pred.text[:80],
                 "gold": item.answers[:3],
