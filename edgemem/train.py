@@ -94,8 +94,11 @@ class Stage:
     tail: the document's unwritten tail before the question has 1..tail tokens (0: 1..S).
     p_view: vt/docqa/types items only: the probability that the whole item sits in the unwritten
       tail (tail // 4..tail tokens of it), after written segments of other prose, as an answer
-      window shows a document's end (`methods.ARMTMethod`): the answer is copied from view, with a
-      memory full of something else.
+      window shows a document's end (`ARMTConfig.answer_window`): the answer is copied from view,
+      with a memory full of something else.
+    view: what the written segments of a `p_view` docqa item hold: "other" prose, or the "same"
+      document's first part (the item is redrawn until its evidence paragraph sits in the tail),
+      as an answer window over a long document has it.
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
@@ -117,6 +120,7 @@ class Stage:
     p_tail: float = 0.0
     tail: int = 0
     p_view: float = 0.0
+    view: str = "other"
     keys: int = 1
     digits: int = 7
     short_segment_len: int = 0
@@ -138,6 +142,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
+        if self.view not in ("other", "same"):
+            raise EdgememError(f"stage {self.name!r}: view is other|same, not {self.view!r}")
         if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1 or not 0 <= self.p_view <= 1:
             raise EdgememError(f"stage {self.name!r}: p_short, p_tail and p_view must lie in [0, 1]")
 
@@ -460,23 +466,34 @@ class ProseTasks:
     def view_item(
         self, kind: str, rng: random.Random, stage: Stage, S: int, segments: int
     ) -> tuple[list[int], list[int], list[int]]:
-        """A vt/docqa/types item whole in the unwritten tail (`Stage.p_view`), after `segments`
-        written segments of other prose: (document ids, answer-segment prompt, answer ids)."""
+        """A vt/docqa/types item in the unwritten tail (`Stage.p_view`) of tail // 4..tail tokens:
+        the whole item after `segments` written segments of other prose, or (`Stage.view` "same",
+        docqa) the end of a longer item, its evidence paragraph in the tail and its first part
+        written: (document ids, answer-segment prompt, answer ids)."""
         assert self.builder is not None
-        top = stage.tail or S
-        for _ in range(20):
+        top, cut = stage.tail or S, S * segments
+        same = stage.view == "same" and kind == "docqa"
+        for _ in range(50 if same else 20):
             index = rng.randrange(10**9)
+            view_len = rng.randint(max(1, top // 4), top)
             try:
-                item = self.builder.item(kind, rng.randint(max(1, top // 4), top), index, 10**9)
+                item = self.builder.item(kind, view_len + (cut if same else 0), index, 10**9)
             except EdgememError:
                 continue
-            view = self._ids(item.context)
-            if len(view) > top + 64:
+            ids = self._ids(item.context)
+            if same:
+                at = item.context.find(item.passage)
+                if not cut < len(ids) <= cut + top + 64 or at < 0 or len(self._ids(item.context[:at])) < cut:
+                    continue
+                written, view = ids[:cut], ids[cut:]
+            elif len(ids) > top + 64:
                 continue
+            else:
+                written, view = [], ids
             prompt = prompt_ids(self.tokenizer, view, item.question) + self._ids(item.answer_prefix)
             text, ends = answer_text(item)
             answer = self._ids(text) + ([self.end_id] if ends and self.end_id is not None else [])
-            return self._window(rng, S * segments) + view, prompt, answer
+            return (written or self._window(rng, cut)) + view, prompt, answer
         raise EdgememError(f"could not build a {kind} item of at most {top} tokens from the corpora")
 
 

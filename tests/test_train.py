@@ -1255,6 +1255,31 @@ def test_p_view_puts_the_whole_item_unwritten_beside_the_question(train_split_ta
         Stage(**options, p_view=-0.1)
 
 
+def test_p_view_same_writes_the_documents_first_part_and_keeps_its_evidence_in_view(train_split_tasks):
+    """view = "same": a docqa item longer than the written segments, redrawn until its evidence
+    paragraph sits in the unwritten tail, so memory holds the same document's first part (as an
+    answer window over a long document has it) and the asked word is in view; other values of
+    `view` are refused."""
+    import re
+
+    tok = train_split_tasks.tokenizer
+    S, n = 64, 4
+    options = dict(name="d", task="docqa", steps=1, segment_len=S, segments=(n,), tail=512, p_view=1.0)
+    for seed in range(3):
+        doc, prompt, answer = train_split_tasks.task_item(
+            "docqa", step_rng(0, seed, "s"), Stage(**options, view="same"), S, n
+        )
+        word = tok.decode(answer, skip_special_tokens=True).strip()
+        view, whole = tok.decode(doc[S * n :]), tok.decode(doc)
+        assert 0 < len(doc) - S * n <= 512 + 64
+        assert len(re.findall(rf"\b{word}\b", whole, re.I)) == 1 and re.search(rf"\b{word}\b", view, re.I)
+        assert view.strip()[:200] in tok.decode(prompt)
+        stream = train_split_tasks.stream.tolist()  # the written part is the item's, not a prose window
+        assert all(stream[i : i + S * n] != doc[: S * n] for i in range(len(stream) - S * n))
+    with pytest.raises(EdgememError, match="view"):
+        Stage(**options, view="elsewhere")
+
+
 def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):
     """With p_tail = 1 the asked needle sits in the unwritten tail (read by attention with the
     question, as in an evaluation item whose needle falls past the last full segment), even when
