@@ -614,7 +614,7 @@ def iter_segments(
     """
     tail.clear()
     buffer = tail
-    keep = max(segment_len, window)  # a segment is written only while more than this remain
+    keep = max(segment_len, window)  # written while more than this remain: `written_segments`
     for chunk in token_chunks:
         buffer.extend(chunk)
         offset = 0
@@ -622,6 +622,11 @@ def iter_segments(
             yield buffer[offset : offset + segment_len]
             offset += segment_len
         del buffer[:offset]
+
+
+def written_segments(n_tokens: int, segment_len: int, window: int = 0) -> int:
+    """How many whole segments `iter_segments` writes of `n_tokens` ids (the rest is the tail)."""
+    return max(0, -(-(n_tokens - max(segment_len, window)) // segment_len))
 
 
 def _skip_tokens(token_chunks: Iterable[list[int]], count: int) -> Iterator[list[int]]:

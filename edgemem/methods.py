@@ -32,6 +32,7 @@ from edgemem.armt import (
     prompt_ids,
     stop_token_ids,
     tokenize_stream,
+    written_segments,
 )
 from edgemem.data.tasks import Item
 from edgemem.errors import EdgememError
@@ -306,8 +307,7 @@ class PrefixStateCache:
         last context; the cache then holds states of this call's last context.
         """
         S, window = self.armt.config.segment_len, self.armt.config.answer_window
-        keep = max(S, window)  # iter_segments writes a segment while more than this many ids remain
-        n_full = [max(0, -(-(len(ids) - keep) // S)) for ids in contexts]
+        n_full = [written_segments(len(ids), S, window) for ids in contexts]
         common = min(_common_prefix(self._prev, ids) for ids in contexts)
         start = max(k for k in self._states if k * S <= common and k <= min(n_full))
         last = len(contexts) - 1

@@ -33,7 +33,7 @@ from safetensors.torch import save
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgemem.armt import ADAPTER_FORMAT, adapter_hash, read_adapter  # noqa: E402
+from edgemem.armt import ADAPTER_FORMAT, adapter_hash, parse_config, read_adapter  # noqa: E402
 from edgemem.evaluate import adapter_id  # noqa: E402
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
 
@@ -223,8 +223,8 @@ def ship(
     `answer_window` None: the adapter's own."""
     config, tensors = read_adapter(adapter)
     meta, _ = read_safetensors(adapter, "adapter")
-    if answer_window is not None:
-        config = replace(config, answer_window=answer_window)
+    if answer_window is not None:  # checked as a reader will check it, before anything is written
+        config = parse_config(replace(config, answer_window=answer_window).to_json(), "--answer-window")
         meta = {**meta, "config": config.to_json()}
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]

@@ -16,6 +16,7 @@ from edgemem.armt import (
     parse_config,
     read_adapter,
     save_adapter,
+    written_segments,
 )
 from edgemem.errors import EdgememError
 
@@ -153,6 +154,8 @@ def test_iter_segments_with_an_answer_window_keeps_its_last_w_minus_s_plus_one_t
             written = [i for seg in segments for i in seg]
             assert all(len(seg) == S for seg in segments) and written + tail == ids
             assert W - S < len(tail) <= W if n > W else tail == ids
+            assert len(segments) == written_segments(n, S, W)
+            assert len(list(iter_segments([ids], S, tail))) == written_segments(n, S) == (n - 1) // S
 
 
 def test_answer_window_travels_with_the_config_and_keeps_old_hashes():

@@ -237,6 +237,25 @@ def test_answer_window_has_its_own_label_and_answer_and_is_armt_only():
         method_label("window", "llama", None, 768)
 
 
+def test_an_eval_answers_with_the_adapters_own_window_unless_told_otherwise(tmp_path):
+    """Without --answer-window an armt run answers (and records that it answered) with the window
+    its adapter carries; with it, with the one given."""
+    from dataclasses import replace
+
+    from tiny_assistant import tiny_assistant
+
+    from edgemem.armt import save_adapter
+    from edgemem.evaluate import answer_window_of
+
+    armt = tiny_assistant(segment_len=16).armt
+    plain, windowed = tmp_path / "plain.safetensors", tmp_path / "windowed.safetensors"
+    save_adapter(armt, plain)
+    armt.config = replace(armt.config, answer_window=64)
+    save_adapter(armt, windowed)
+    assert answer_window_of("tiny", str(plain)) == 0 and answer_window_of("tiny", str(windowed)) == 64
+    assert answer_window_of("tiny", str(windowed), 0) == 0 and answer_window_of("tiny", str(plain), 32) == 32
+
+
 def test_armt_method_and_ask_with_an_answer_window_leave_the_last_tokens_unwritten_and_in_view(monkeypatch):
     """With an answer window W (`ARMTConfig.answer_window`) the evaluation's armt and `edgemem ask`
     both answer from the memory of the whole segments before the context's last W - S + 1..W

@@ -322,6 +322,8 @@ def test_ask_engine_user_errors_are_one_line(tiny, tmp_path):
     assert_one_line_error(run("ask", doc, "q?", "--engine", tmp_path), "not an edgemem engine bundle")
     result = run("ask", doc, "q?", "--engine", tiny["bundle"], "--segment-len", "32")
     assert_one_line_error(result, "segment length is fixed")
+    result = run("ask", doc, "q?", "--engine", tiny["bundle"], "--answer-window", "32")
+    assert_one_line_error(result, "answer window is its adapter's")
     assert_one_line_error(run("export", "--out", tmp_path / "x", "--to", "tflite"), "unknown target")
 
 

@@ -452,6 +452,9 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert config_w.answer_window == window and memory_config.answer_window == 0
     assert all(torch.equal(tensors_w[k], t) for k, t in tensors.items()) and digest_w != digest
     assert f'answer_window": {window}' in out_w.with_suffix(".md").read_text()
+    with pytest.raises(EdgememError, match="answer_window"):  # shorter than a segment: nothing written
+        ship.ship(adapter, tmp_path / "run", [], tmp_path, "ship", answer_window=1)
+    assert not (tmp_path / "tiny.safetensors").exists()
 
 
 def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
