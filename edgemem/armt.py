@@ -88,6 +88,12 @@ class ARMTConfig:
     # trained so far do not copy well from there (docs/RESULTS.md, "Twenty-eighth session"). It
     # changes which segments a stored state holds, so it travels with the adapter and its hash.
     answer_window: int = 0
+    # A per-token gate on each memory read (`AssociativeMemory.gate`), so that a token can read
+    # nothing: the read is otherwise a full-size mean of the memory for every token, and reading a
+    # document's first part at the question takes away the copy of an answer in view
+    # (docs/RESULTS.md, "Twenty-ninth session"). Starts open (g = 1): training may add it to an
+    # ungated adapter (`TrainConfig.read_gate`, `init`).
+    read_gate: bool = False
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -98,7 +104,8 @@ class ARMTConfig:
     def to_json(self) -> str:
         """JSON of the config; without LoRA the LoRA fields are left out, and so are norm_inputs when
         off and write_source when "write_tokens", so adapters and stored states keyed by the config
-        keep the hashes they had before those options existed (answer_window too, when 0)."""
+        keep the hashes they had before those options existed (answer_window too, when 0, and
+        read_gate when off)."""
         data = asdict(self)
         if not self.lora_rank:
             del data["lora_rank"], data["lora_alpha"]
@@ -108,6 +115,8 @@ class ARMTConfig:
             del data["write_source"]
         if not self.answer_window:
             del data["answer_window"]
+        if not self.read_gate:
+            del data["read_gate"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -310,7 +319,10 @@ class ARMT(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.memories = nn.ModuleDict(
-                {str(i): AssociativeMemory(d_model, config.d_mem, config.nu) for i in config.memory_layers}
+                {
+                    str(i): AssociativeMemory(d_model, config.d_mem, config.nu, gate=config.read_gate)
+                    for i in config.memory_layers
+                }
             )
             std = embed.weight.detach().float().std().item()
             self.write_embeddings = nn.Parameter(torch.randn(config.num_write_tokens, d_model) * std)
@@ -531,6 +543,8 @@ def _config_problem(config: ARMTConfig) -> str | None:
             return f"{name} {getattr(config, name)!r} is not a whole number from {low} to {high}"
     if not isinstance(config.norm_inputs, bool):
         return f"norm_inputs {config.norm_inputs!r} is not true or false"
+    if not isinstance(config.read_gate, bool):
+        return f"read_gate {config.read_gate!r} is not true or false"
     if config.write_source not in WRITE_SOURCES:
         return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
     if not whole(config.answer_window, 0, 1 << 20) or 0 < config.answer_window < config.segment_len:

@@ -66,13 +66,21 @@ def memory_write(
 
 
 class AssociativeMemory(nn.Module):
-    """The trainable part of one memory layer: W_Q, W_K (d -> d_mem), W_V (d -> d, zero-init), W_b (d -> 1).
+    """The trainable part of one memory layer: W_Q, W_K (d -> d_mem), W_V (d -> d, zero-init), W_b (d -> 1),
+    and with `gate` a read gate (`gate_w` [d], `gate_b` []).
 
     With W_V at zero the memory only ever holds zeros, so a fresh memory reads nothing and the
     wrapped model equals the base model.
+
+    The read (phi(q) A) / (phi(q) . z) is a weighted mean of what was written, whatever the query:
+    every token that reads gets a full-size value, and an ungated memory cannot read "nothing" for
+    one token and something for another. The gate g = 2 sigmoid(x . gate_w + gate_b) in (0, 2),
+    per token from the same input x, scales the read; it starts at zero weights, g = 1, so a gate
+    added to a trained memory changes nothing until it trains (docs/RESULTS.md, "Twenty-ninth
+    session"; it trains at its own rate, `TrainConfig.gate_lr_scale`).
     """
 
-    def __init__(self, d_model: int, d_mem: int = 64, nu: int = 3) -> None:
+    def __init__(self, d_model: int, d_mem: int = 64, nu: int = 3, gate: bool = False) -> None:
         super().__init__()
         self.nu = nu
         self.W_Q = nn.Linear(d_model, d_mem, bias=False)
@@ -80,6 +88,10 @@ class AssociativeMemory(nn.Module):
         self.W_V = nn.Linear(d_model, d_model, bias=False)
         self.W_b = nn.Linear(d_model, 1, bias=True)
         nn.init.zeros_(self.W_V.weight)
+        self.gated = gate
+        if gate:  # plain zero tensors: no draw from the RNG, so the other weights init as without
+            self.gate_w = nn.Parameter(torch.zeros(d_model))
+            self.gate_b = nn.Parameter(torch.zeros(()))
 
     @property
     def key_size(self) -> int:
@@ -93,10 +105,15 @@ class AssociativeMemory(nn.Module):
             torch.zeros(batch, self.key_size, device=device),
         )
 
+    def gate(self, h: Tensor) -> Tensor:
+        """The read gate for hidden states h [B, T, D] (float32) -> [B, T, 1] in (0, 2)."""
+        return 2 * torch.sigmoid(h.float() @ self.gate_w + self.gate_b).unsqueeze(-1)
+
     def read(self, h: Tensor, A: Tensor, z: Tensor) -> Tensor:
         """What the memory returns for hidden states h [B, T, D] (computed in float32) -> [B, T, D]."""
         phi_q = dpfp(self.W_Q(h.float()), self.nu)
-        return memory_read(phi_q, A, z)
+        out = memory_read(phi_q, A, z)
+        return out * self.gate(h) if self.gated else out
 
     def write(self, m: Tensor, A: Tensor, z: Tensor, first: bool) -> tuple[Tensor, Tensor]:
         """Write the layer outputs of the write tokens m [B, M, D]; returns the new (A, z)."""

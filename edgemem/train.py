@@ -160,7 +160,10 @@ class TrainConfig:
     lora_alpha: float = 16.0
     norm_inputs: bool = False  # the memory sees the layer's input RMSNorm of h (ARMTConfig.norm_inputs)
     write_source: str = "write_tokens"  # or "segment": every token of a segment writes (ARMTConfig)
+    read_gate: bool = False  # a per-token gate on each memory read (ARMTConfig.read_gate); an
+    # ungated `init` adapter gets it open
     memory_lr_scale: float = 1.0  # the memory and write embeddings step at this multiple of the lr
+    gate_lr_scale: float = 1.0  # the read gates (read_gate) step at this multiple of the lr
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -185,8 +188,9 @@ class TrainConfig:
             raise EdgememError(f"backbone must be 'frozen', 'lora' or 'full', not {self.backbone!r}")
         if not self.stages:
             raise EdgememError("a training config needs at least one stage")
-        if not 0 < self.memory_lr_scale <= 1000:
-            raise EdgememError(f"memory_lr_scale must lie in (0, 1000], not {self.memory_lr_scale}")
+        for name in ("memory_lr_scale", "gate_lr_scale"):
+            if not 0 < getattr(self, name) <= 1000:
+                raise EdgememError(f"{name} must lie in (0, 1000], not {getattr(self, name)}")
         if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
@@ -609,6 +613,11 @@ def _is_memory(name: str) -> bool:
     return ".memory." in name or name.startswith("memories.") or name == "write_embeddings"
 
 
+def _is_gate(name: str) -> bool:
+    """A memory's read gate (`AssociativeMemory.gate_w`, `gate_b`)."""
+    return _is_memory(name) and name.rsplit(".", 1)[-1] in ("gate_w", "gate_b")
+
+
 def _trainable(armt: ARMT) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in armt.named_parameters() if p.requires_grad}
 
@@ -767,9 +776,14 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     ckpt = out / "checkpoint.safetensors"
     trainable = _trainable(armt)
     params = list(trainable.values())
-    memory = [p for n, p in trainable.items() if _is_memory(n)]
+    gates = [p for n, p in trainable.items() if _is_gate(n)]
+    memory = [p for n, p in trainable.items() if _is_memory(n) and not _is_gate(n)]
     rest = [p for n, p in trainable.items() if not _is_memory(n)]
-    groups = [{"params": memory, "scale": config.memory_lr_scale}, {"params": rest, "scale": 1.0}]
+    groups = [
+        {"params": memory, "scale": config.memory_lr_scale},
+        {"params": rest, "scale": 1.0},
+        {"params": gates, "scale": config.gate_lr_scale},  # empty (dropped) without read_gate
+    ]
     optimizer = torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=config.stages[0].lr, weight_decay=0.0
     )
@@ -953,6 +967,7 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         "d_mem": config.d_mem,
         "norm_inputs": config.norm_inputs,
         "write_source": config.write_source,
+        "read_gate": config.read_gate,
     }
     if config.memory_layers:
         overrides["memory_layers"] = config.memory_layers
@@ -961,10 +976,15 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
     armt = ARMT(base, ARMTConfig.for_model(layers, **overrides), seed=config.seed)
     if config.init:
         init_config, tensors = read_adapter(Path(config.init))
-        if replace(init_config, segment_len=armt.config.segment_len) != armt.config:
+        if init_config.read_gate and not config.read_gate:
+            raise EdgememError(f"init adapter {config.init} has a read gate: set read_gate = true")
+        same_memory = replace(init_config, segment_len=armt.config.segment_len, read_gate=config.read_gate)
+        if same_memory != armt.config:
             raise EdgememError(
                 f"init adapter {config.init} has another memory (layers, size, LoRA) than this config's"
             )
+        if config.read_gate and not init_config.read_gate:  # the gate starts open: g = 1
+            tensors = {**armt.adapter_tensors(), **tensors}
         armt.load_adapter_tensors(tensors)
     for p in armt.parameters():  # the adapter sits inside the base's layers: freeze all, then thaw
         p.requires_grad_(config.backbone == "full")

@@ -22,6 +22,8 @@
 #   train-bN  the training step on the GPU: 3 steps of the recall-longer stage (64 written segments
 #             of 128, bf16 autocast, recomputation; a fresh memory, as its `init` is not in git) at
 #             batch 4 and 16; OUT/train-bN/log.jsonl has each step's seconds, tokens/s, peak_cuda_mb
+#   train-window  3 steps of smollm2-135m-long.toml's first stage (2-8 segments, unwritten tails
+#             of up to 1024 tokens, batch 16; a fresh memory), its log as train-bN's
 #   real      (GPU_CHECK_REAL=1) SmolLM2 exported with --to tensorrt, `edgemem bench runtimes` on
 #             torch fp32 (the PyTorch backend runs on the CPU) and the TensorRT plans
 # Run it here with no GPU and every step reports its skip: that is the dry run of this script.
@@ -123,6 +125,20 @@ for B in 4 16; do
     python -c "import json,sys; [print({k: r[k] for k in ('step', 'seconds', 'tokens_per_s', 'peak_cuda_mb') if k in r}) for r in map(json.loads, open(sys.argv[1]))]" \
         "$OUT/train-b$B/log.jsonl" 2>/dev/null | tee -a "$OUT/train-b$B.log"
 done
+
+# the GPU recipe's first stage in the answer window's shape (tails of up to 1024 tokens, items in
+# view), batch 16 as configured, a fresh memory: what a step of smollm2-135m-long.toml costs
+if [ "$GPU" = 1 ]; then
+    mkdir -p "$OUT/train-window"
+    rm -f "$OUT/train-window"/{log.jsonl,checkpoint.safetensors,adapter.safetensors}
+    sed -e '/^init = /d' -e 's/^eval_every = .*/eval_every = 0/' configs/train/smollm2-135m-long.toml \
+        >"$OUT/train-window/config.toml"
+    step train-window edgemem train "$OUT/train-window/config.toml" --out "$OUT/train-window" --max-steps 3
+    python -c "import json,sys; [print({k: r[k] for k in ('step', 'segments', 'seconds', 'tokens_per_s', 'peak_cuda_mb') if k in r}) for r in map(json.loads, open(sys.argv[1]))]" \
+        "$OUT/train-window/log.jsonl" 2>/dev/null | tee -a "$OUT/train-window.log"
+else
+    echo "train-window: skipped: torch sees no CUDA GPU" | tee -a "$SUMMARY"
+fi
 
 if [ "${GPU_CHECK_REAL:-0}" = 1 ]; then
     BUNDLE="$OUT/smol-trt"

@@ -417,3 +417,67 @@ def test_segment_write_source_writes_every_tokens_output(arch, tmp_path):
 
     with pytest.raises(EdgememError, match="write_source"):
         ARMT(base, ARMTConfig.for_model(n, memory_layers=(2,), write_source="everything"))
+
+
+def _gated_pair(arch: str) -> tuple[ARMT, ARMT]:
+    """The same tiny model wrapped without and with a read gate (same seed), W_V made non-zero."""
+    armts = []
+    for gate in (False, True):
+        base = MAKERS[arch]()
+        n = base.config.num_hidden_layers
+        config = ARMTConfig.for_model(n, segment_len=12, num_write_tokens=3, d_mem=8, read_gate=gate)
+        armt = ARMT(base, config)
+        randomise_memory(armt)
+        armts.append(armt)
+    return armts[0], armts[1]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_fresh_read_gate_is_open_and_changes_nothing(arch):
+    """A gate added to a memory starts at g = 1: the other weights init as without it (no RNG
+    drawn), and states and logits equal the ungated memory's."""
+    plain, gated = _gated_pair(arch)
+    tensors = gated.adapter_tensors()
+    gate_keys = {k for k in tensors if ".gate_" in k}
+    assert gate_keys and all(torch.count_nonzero(tensors[k]) == 0 for k in gate_keys)
+    assert {k: v for k, v in tensors.items() if k not in gate_keys}.keys() == plain.adapter_tensors().keys()
+    for name, value in plain.adapter_tensors().items():
+        assert torch.equal(value, tensors[name]), name
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        s_plain, _ = plain.step(ids, plain.empty_state())
+        s_gated, _ = gated.step(ids, gated.empty_state())
+        logits_plain = plain.read_only_forward(ids, s_plain)
+        logits_gated = gated.read_only_forward(ids, s_gated)
+    assert torch.allclose(logits_plain, logits_gated, atol=1e-5)
+
+
+def test_a_closed_read_gate_reads_nothing():
+    """With its gate shut the memory adds nothing: the answer equals the one over an empty memory,
+    where the same memory with the gate open answers otherwise."""
+    _, gated = _gated_pair("llama")
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        state, _ = gated.step(ids, gated.empty_state())
+        empty = gated.read_only_forward(ids, gated.empty_state())
+        assert not torch.allclose(gated.read_only_forward(ids, state), empty, atol=1e-4)
+        for memory in gated.memories.values():
+            memory.gate_b.fill_(-100.0)
+        assert torch.allclose(gated.read_only_forward(ids, state), empty, atol=1e-5)
+
+
+def test_read_gate_travels_with_the_config_and_keeps_old_hashes(tmp_path):
+    """read_gate is left out of the config's JSON when off (older adapters keep their hashes); a
+    gated adapter round-trips and an ungated model does not take its tensors."""
+    config = ARMTConfig.for_model(30, segment_len=128)
+    assert "read_gate" not in config.to_json()
+    gated_config = ARMTConfig.for_model(30, segment_len=128, read_gate=True)
+    assert parse_config(gated_config.to_json(), "x") == gated_config
+    plain, gated = _gated_pair("gemma3")
+    assert plain.adapter_hash() != gated.adapter_hash()
+    path = tmp_path / "gated.safetensors"
+    save_adapter(gated, path)
+    read_config, tensors = read_adapter(path)
+    assert read_config == gated.config and read_config.read_gate
+    with pytest.raises(EdgememError, match="does not fit"):
+        plain.load_adapter_tensors(tensors)

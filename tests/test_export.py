@@ -186,6 +186,37 @@ def test_an_answer_window_travels_into_the_bundle_and_the_engine_answers_as_torc
     assert expected.strip() and on_engine.stdout.strip() == expected.strip()
 
 
+def test_a_read_gate_travels_into_the_bundle_and_the_engine_answers_as_torch(tiny, tmp_path):
+    """An adapter with a read gate (trained-looking: g varies by token) exports with it: the
+    manifest says so, and the engine's answer logits are PyTorch's, which the gate changes."""
+    gated = tiny_assistant(segment_len=SEGMENT, read_gate=True)
+    with torch.no_grad():  # a memory loud enough that its gate shows in the logits
+        for memory in gated.armt.memories.values():
+            memory.W_V.weight.mul_(100)
+    adapter = tmp_path / "gated.safetensors"
+    save_adapter(gated.armt, adapter)
+    bundle = tmp_path / "bundle"
+    result = run("export", "--model", tiny["folder"], "--adapter", adapter, "--out", bundle)
+    assert result.exit_code == 0, result.output
+    assert Assistant.open_engine(bundle).runtime.config.read_gate
+    reference = Assistant.open(str(tiny["folder"]), adapter, dtype=torch.float32)
+    state = reference.runtime.empty_state()
+    prompt = list(range(5, 40))
+    with torch.inference_mode():
+        for ids in random_segments(4):
+            state, _ = reference.runtime.step(ids, state)
+        expected = reference.armt.read_only_forward(torch.tensor([prompt]), state)[0].numpy()
+        for memory in reference.armt.memories.values():  # the gate open (g = 1) everywhere
+            memory.gate_w.zero_()
+        ungated = reference.armt.read_only_forward(torch.tensor([prompt]), state)[0].numpy()
+    engine = OrtEngine(bundle)
+    numpy_state = {k: v.numpy() for k, v in state.named_tensors().items()}
+    logits, _ = engine.forward(prompt, engine.empty_past(), numpy_state)
+    np.testing.assert_allclose(logits, expected, rtol=1e-4, atol=1e-4)
+    # the gate is in the graph: it moves the logits 10x further than the engine strays from PyTorch
+    assert np.abs(ungated - expected).max() > 1e-3
+
+
 def test_states_are_shared_between_torch_and_the_fp32_engine(tiny, torch_assistant, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(TEXT * 2)

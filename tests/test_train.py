@@ -384,6 +384,37 @@ def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
         build_armt(tiny_llama(), other)
 
 
+def test_a_read_gate_joins_an_ungated_init_open_and_trains(tmp_path):
+    """`read_gate = true` from an ungated `init`: the init's weights load, the gate starts open
+    (g = 1) and is among what trains, and the run's adapter says it is gated; a gated init into an
+    ungated config is refused in one line."""
+    first = tiny_config(steps=2, backbone="lora")
+    train(first, tiny_run(first, tmp_path / "a"))
+    init = str(tmp_path / "a" / "adapter.safetensors")
+    gated = replace(tiny_config(steps=2, backbone="lora"), init=init, read_gate=True)
+    armt = build_armt(tiny_llama(), gated)
+    _, init_tensors = read_adapter(Path(init))
+    tensors = armt.adapter_tensors()
+    assert all(torch.equal(tensors[k], v) for k, v in init_tensors.items())
+    gate = [k for k in tensors if ".gate_" in k]
+    assert gate and all(torch.count_nonzero(tensors[k]) == 0 for k in gate)
+    assert all(p.requires_grad for m in armt.memories.values() for p in (m.gate_w, m.gate_b))
+    train(gated, tiny_run(gated, tmp_path / "b"))
+    config, trained = read_adapter(tmp_path / "b" / "adapter.safetensors")
+    assert config.read_gate and any(torch.count_nonzero(trained[k]) for k in gate)
+    back = replace(tiny_config(steps=2, backbone="lora"), init=str(tmp_path / "b" / "adapter.safetensors"))
+    with pytest.raises(EdgememError, match="read gate"):
+        build_armt(tiny_llama(), back)
+    # the gates step at their own rate: 100x it moves them ~100x as far (Adam: ~lr per step)
+    fast = replace(gated, gate_lr_scale=100.0)
+    train(fast, tiny_run(fast, tmp_path / "c"))
+    _, quick = read_adapter(tmp_path / "c" / "adapter.safetensors")
+    moved = [max(float(t[k].abs().max()) for k in gate if k.endswith("gate_w")) for t in (trained, quick)]
+    assert moved[1] > 30 * moved[0] > 0
+    with pytest.raises(EdgememError, match="gate_lr_scale"):
+        replace(gated, gate_lr_scale=0.0)
+
+
 def test_adapter_file_round_trips(tmp_path):
     """The run's adapter loads into a fresh model with the same hash and says how it was trained."""
     config = tiny_config(steps=3, backbone="frozen")
@@ -681,6 +712,9 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     assert all("recall" in s.mix for s in long.stages if s.task == "mix")
     assert max(long.eval_segments) >= max(max(s.segments) for s in long.stages)
     assert {batch_shape(long, step)[1] for step in range(long.total_steps)} >= {2, 8, 32, 64}
+    # in the answer window's shape: long unwritten tails, items and needles answered from view
+    tasks_stages = [s for s in long.stages if s.task == "mix"]
+    assert all(s.tail >= 1024 and s.p_view > 0 and s.view == "same" and s.p_tail > 0 for s in tasks_stages)
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
@@ -1407,6 +1441,41 @@ def test_lora_read_probe_memory_off_writes_nothing_and_answers_as_with_an_empty_
     values = {k: t for k, t in silenced.named_tensors().items() if k.endswith(".A")}  # z still counts keys
     assert values and all(torch.count_nonzero(t) == 0 for t in values.values()), values.keys()
     torch.testing.assert_close(reads, empty)
+
+
+def test_lora_read_probe_reads_from_the_question_and_records_the_gates():
+    """`--read-question-only` (docs/RESULTS.md, "Twenty-ninth session"): the answer prompt's
+    tokens before "Question:" read nothing, so with the cut at the prompt's end the answer is the
+    one over an empty memory, and at 0 the model's own; a gated memory's gates are recorded."""
+    from tiny_assistant import tiny_assistant
+
+    from edgemem.armt import prompt_ids
+
+    module = load_script("lora_read_probe")
+    assistant = tiny_assistant(segment_len=8, read_gate=True)
+    armt, tokenizer = assistant.armt, assistant.loaded.tokenizer
+    ids = tokenizer("the vault code is 4417 and the porter keeps the key", add_special_tokens=False).input_ids
+    prompt = prompt_ids(tokenizer, ids, "What is the code?")
+    start = module.question_start(tokenizer, prompt)
+    assert 0 < start < len(prompt) and "Question:" in tokenizer.decode(prompt[start:])
+    assert "Question:" not in tokenizer.decode(prompt[start + 1 :])
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        state, _ = armt.step(torch.tensor([ids[:8]]), armt.empty_state())
+        own = armt.read_only_forward(x, state)
+        empty = armt.read_only_forward(x, armt.empty_state())
+        with module.reads_from(armt, len(prompt)):
+            none = armt.read_only_forward(x, state)
+        with module.reads_from(armt, 0):
+            torch.testing.assert_close(armt.read_only_forward(x, state), own)
+        gates = []
+        with module.gates_recorded(armt, gates):
+            armt.read_only_forward(x, state)
+    torch.testing.assert_close(none, empty)
+    assert not torch.allclose(own, empty)
+    assert len(gates) == len(armt.memories) and gates[0].shape == (len(prompt),)
+    assert all("gate" not in vars(m) for m in armt.memories.values())  # the patches are undone
+    assert all("_read" not in vars(m) for m in armt.base.modules())
 
 
 def test_lora_read_probe_scales_the_lora_in_the_answer_pass_only():

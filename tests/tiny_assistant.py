@@ -27,7 +27,9 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
 
 
-def tiny_assistant(segment_len: int = 16, seed: int = 0, answer_window: int = 0) -> Assistant:
+def tiny_assistant(
+    segment_len: int = 16, seed: int = 0, answer_window: int = 0, read_gate: bool = False
+) -> Assistant:
     base = tiny_llama(seed)
     config = ARMTConfig.for_model(
         base.config.num_hidden_layers,
@@ -35,12 +37,15 @@ def tiny_assistant(segment_len: int = 16, seed: int = 0, answer_window: int = 0)
         num_write_tokens=3,
         d_mem=8,
         answer_window=answer_window,
+        read_gate=read_gate,
     )
     armt = ARMT(base, config)
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():  # a trained-looking memory: its state changes what the model says
         for mem in armt.memories.values():
             mem.W_V.weight.copy_(torch.randn(mem.W_V.weight.shape, generator=g) * 0.1)
+            if read_gate:  # a gate that opens and closes by token, not the fresh g = 1
+                mem.gate_w.copy_(torch.randn(mem.gate_w.shape, generator=g))
     loaded = LoadedModel("tiny-llama", f"tiny-llama@{seed}", base, tiny_tokenizer(), torch.float32)
     return Assistant(loaded, armt, None, armt.adapter_hash())
 
