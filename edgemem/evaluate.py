@@ -290,6 +290,7 @@ def run(
                         record["kv_full_mb"] = round(item.tokens * _kv_per_token(runner) / 2**20, 2)
                         out.write((json.dumps(record | extra) + "\n").encode())  # one append a line
                         os.fsync(out.fileno())
+                        drop_item_lock(path, item.id)
                         ran += 1
                         correct += sc.correct
                         log(
@@ -297,6 +298,32 @@ def run(
                             f"pred={pred.text.strip()[:60]!r} gold={item.answers[:4]}"
                         )
     return RunReport(path, ran, skipped, correct, elsewhere)
+
+
+def item_lock(path: Path, item_id: str) -> Path:
+    """The lock file of one item of a results file (by its absolute path), in the cache directory."""
+    from edgemem.paths import cache_dir
+
+    folder = cache_dir() / "locks"
+    folder.mkdir(exist_ok=True)
+    results = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    return folder / f"eval-{results}-{hashlib.sha256(item_id.encode()).hexdigest()[:16]}.lock"
+
+
+def drop_item_lock(path: Path, item_id: str) -> None:
+    """Remove an item's lock file once its line is written, while its lock is still held: a run
+    that opened the file before sees it gone (`_same_file`) and finds the line; so the lock
+    folder does not grow with every item ever run."""
+    with contextlib.suppress(OSError):
+        item_lock(path, item_id).unlink()
+
+
+def _same_file(handle: object, lock: Path) -> bool:
+    """Whether the open `handle` is still the file at `lock` (not one removed since it was opened)."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(lock).st_ino  # type: ignore[attr-defined]
+    except OSError:
+        return False
 
 
 def _claim(
@@ -310,19 +337,20 @@ def _claim(
     """Up to `want` items from `queue` for this run, each locked (until `held` closes, after its
     line is written), and how many it passed over: those another run of the results file holds,
     or has written a line for since this run read the file. The lock files live in the cache
-    directory, one per results file (by its absolute path) and item id; the OS drops a killed
-    run's locks, and its unfinished items run again on the next run."""
-    from edgemem.paths import cache_dir
-
-    folder = cache_dir() / "locks"
-    folder.mkdir(exist_ok=True)
-    results = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    directory (`item_lock`); the OS drops a killed run's locks, and its unfinished items run again
+    on the next run. A run removes an item's lock file once its line is written, still holding
+    the lock (`drop_item_lock`); a claim whose file was removed under it (another run took and
+    finished the item meanwhile) passes the item over."""
     group: list[Item] = []
     passed = 0
     for item in queue:
-        name = hashlib.sha256(item.id.encode()).hexdigest()[:16]
-        handle = open(folder / f"eval-{results}-{name}.lock", "a")  # noqa: SIM115 (closed here or by `held`)
-        if not try_lock(handle) or item.id in _done_ids(path, key, corpora):
+        lock = item_lock(path, item.id)
+        handle = open(lock, "a")  # noqa: SIM115 (closed here or by `held`)
+        locked = try_lock(handle) and _same_file(handle, lock)
+        done = locked and item.id in _done_ids(path, key, corpora)
+        if done:  # written meanwhile by another run: its lock file goes, as after a line of ours
+            drop_item_lock(path, item.id)
+        if not locked or done:
             handle.close()
             passed += 1
             continue

@@ -222,6 +222,34 @@ def test_two_runs_of_one_bin_share_its_items_and_run_each_once(tmp_path):
         assert _claim(mine, iter(items), 2, target, None, "here") == ([items[1]], 2)
 
 
+def test_an_items_lock_file_goes_once_its_line_is_written_and_a_claim_on_the_old_file_passes(tmp_path):
+    """The lock folder does not grow with every item run: the file goes once the item's line is
+    written (still locked). A run that opened the old file before it went, and locks it after,
+    passes the item over (the file is no longer the one at the path), and so does a run that
+    claims the item anew once its line is there, removing the file its claim made."""
+    import contextlib
+
+    from edgemem.evaluate import _claim, _same_file, drop_item_lock, item_lock
+    from edgemem.files import try_lock
+
+    target = tmp_path / "m" / "niah.oracle.jsonl"
+    target.parent.mkdir()
+    target.touch()
+    item = Item("niah", 1024, 0, "ctx", "q?", ["1"], "p")
+    lock = item_lock(target, item.id)
+    with contextlib.ExitStack() as first:
+        assert _claim(first, iter([item]), 1, target, None, None) == ([item], 0)
+        assert lock.is_file()
+        early = open(lock, "a")  # noqa: SIM115 (closed below) another run opens it before the line
+        target.write_text(json.dumps({"id": item.id}) + "\n")
+        drop_item_lock(target, item.id)
+        assert not lock.exists()
+    with early, contextlib.ExitStack() as second:  # the first run let go; the old file is free
+        assert try_lock(early) and not _same_file(early, lock)
+        assert _claim(second, iter([item]), 1, target, None, None) == ([], 1)
+    assert not lock.exists()
+
+
 def test_answer_window_has_its_own_label_and_answer_and_is_armt_only():
     """`--answer-window 768` answers another way than the adapter's own: its own file and row
     (`armt-w768`), and its lines record another `answer`, so they never count as, or resume, the
