@@ -20,6 +20,7 @@ from edgemem.evaluate import (
     UNTRAINED,
     _done_ids,
     adapter_id,
+    item_lock,
     load_records,
     markdown_table,
     method_label,
@@ -229,7 +230,7 @@ def test_an_items_lock_file_goes_once_its_line_is_written_and_a_claim_on_the_old
     claims the item anew once its line is there, removing the file its claim made."""
     import contextlib
 
-    from edgemem.evaluate import _claim, _same_file, drop_item_lock, item_lock
+    from edgemem.evaluate import _claim, _same_file, drop_item_lock
     from edgemem.files import try_lock
 
     target = tmp_path / "m" / "niah.oracle.jsonl"
@@ -248,6 +249,34 @@ def test_an_items_lock_file_goes_once_its_line_is_written_and_a_claim_on_the_old
         assert try_lock(early) and not _same_file(early, lock)
         assert _claim(second, iter([item]), 1, target, None, None) == ([], 1)
     assert not lock.exists()
+
+
+def test_a_claim_whose_lock_file_was_removed_before_it_locked_passes_the_item_over(tmp_path, monkeypatch):
+    """Another run may remove an item's lock file (its line written) between this run's open and
+    its lock: the lock is then on a file no longer at the path, which a third run can create and
+    lock too, so the claim passes the item over even where no line of its own kind records it
+    (here a line of another corpora build). With the file in place the item is this run's."""
+    import contextlib
+
+    from edgemem import evaluate
+    from edgemem.evaluate import _claim, drop_item_lock
+
+    target = tmp_path / "m" / "niah.oracle.jsonl"
+    target.parent.mkdir()
+    item = Item("niah", 1024, 0, "ctx", "q?", ["1"], "p")
+    target.write_text(json.dumps({"id": item.id, "corpora": "there"}) + "\n")
+    real = evaluate.try_lock
+
+    def removed_first(handle):  # the other run drops the file just before this run locks
+        drop_item_lock(target, item.id)
+        return real(handle)
+
+    monkeypatch.setattr(evaluate, "try_lock", removed_first)
+    with contextlib.ExitStack() as mine:
+        assert _claim(mine, iter([item]), 1, target, None, "here") == ([], 1)
+    monkeypatch.setattr(evaluate, "try_lock", real)
+    with contextlib.ExitStack() as mine:
+        assert _claim(mine, iter([item]), 1, target, None, "here") == ([item], 0)
 
 
 def test_answer_window_has_its_own_label_and_answer_and_is_armt_only():
@@ -476,6 +505,7 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     for method, engine in runs:
         report = run_slice(method, engine)
         assert report.ran == 2, method
+        assert not any(item_lock(report.path, it.id).exists() for it in items)  # none left behind
         lines = [json.loads(x) for x in report.path.read_text().splitlines()]
         deepest_first = sorted(items, key=lambda it: -it.meta["depth"])
         assert [r["id"] for r in lines] == [it.id for it in deepest_first] != [it.id for it in items]
