@@ -5,12 +5,13 @@ Nothing heavy is imported at module level: `edgemem --help` stays fast.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from edgemem.cli_common import AdapterOpt, ModelOpt, SegmentOpt, _out, err, user_errors
+from edgemem.cli_common import AdapterOpt, AnswerWindowOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.errors import EdgememError
 
 EngineOpt = Annotated[
@@ -47,6 +48,7 @@ def export_cmd(
     model: ModelOpt = "smollm2-135m-instruct",
     adapter: AdapterOpt = None,
     segment_len: SegmentOpt = None,
+    answer_window: AnswerWindowOpt = None,
     to: Annotated[
         str, typer.Option("--to", help="onnx (portable bundle) or tensorrt (needs TensorRT).")
     ] = "onnx",
@@ -83,6 +85,8 @@ def export_cmd(
             raise EdgememError(
                 "a SWAX checkpoint exports to an ONNX bundle only: drop --to, --quantize, --from, --adapter"
             )
+        if answer_window is not None:
+            raise EdgememError("--answer-window is for ARMT memories, not SWAX models")
         with err.status("exporting...") as status:
             manifest = export_swax(model, out, segment_len, force, log=lambda message: status.update(message))
         _report(out, manifest)
@@ -90,6 +94,8 @@ def export_cmd(
     if source is not None:
         if quantize is None or to != "onnx":
             raise EdgememError("--from BUNDLE makes a quantized copy: give --quantize int8 (and no --to)")
+        if answer_window is not None:
+            raise EdgememError("--from BUNDLE keeps that bundle's answer window: drop --answer-window")
         from edgemem.export.quantize import quantize_bundle
 
         with err.status(f"quantizing {source} to {quantize}..."):
@@ -107,7 +113,9 @@ def export_cmd(
     from edgemem.files import sha256_file
 
     with err.status(f"loading {model}..."):
-        assistant = Assistant.open(model, adapter, segment_len, dtype=torch.float32)
+        assistant = Assistant.open(
+            model, adapter, segment_len, dtype=torch.float32, answer_window=answer_window
+        )
     assert assistant.loaded is not None and assistant.armt is not None
     adapter_sha = sha256_file(assistant.adapter_path) if assistant.adapter_path else None
     with err.status("exporting...") as status:
@@ -133,9 +141,12 @@ def export_cmd(
 def _report(out: Path, manifest) -> None:
     for name, spec in manifest.graphs.items():
         err.print(f"  {name}: {spec.file} ({_mb(spec.size)})", markup=False)
+    config = manifest.armt_config  # None in a SWAX bundle
+    window = json.loads(config).get("answer_window", 0) if config else 0
     quant = f", {manifest.quantization}" if manifest.quantization else ""
+    shown = f", answer window {window} tokens" if window else ""
     err.print(
-        f"wrote {out}: {manifest.model_name}{quant}, segment {manifest.segment_len} tokens, "
+        f"wrote {out}: {manifest.model_name}{quant}, segment {manifest.segment_len} tokens{shown}, "
         f"opset {manifest.opset}; use it with `edgemem ask --engine {out} FILE QUESTION`",
         markup=False,
     )

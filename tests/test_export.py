@@ -186,6 +186,36 @@ def test_an_answer_window_travels_into_the_bundle_and_the_engine_answers_as_torc
     assert expected.strip() and on_engine.stdout.strip() == expected.strip()
 
 
+def test_export_answer_window_overrides_the_adapters_and_says_so(tiny, tmp_path):
+    """`edgemem export --answer-window N` bundles the adapter with that window (as `ask
+    --answer-window` answers with it) and reports it; without the flag the adapter's own window
+    (here none) is kept. A window shorter than a segment, or one asked of a quantized copy (which
+    keeps its source's), is refused in one line."""
+    window = 3 * SEGMENT
+    bundle = tmp_path / "bundle"
+    args = ("export", "--model", tiny["folder"], "--adapter", tiny["adapter"], "--out", bundle)
+    result = run(*args, "--answer-window", window)
+    assert result.exit_code == 0, result.output
+    assert f"answer window {window} tokens" in result.output
+    assert Assistant.open_engine(bundle).runtime.config.answer_window == window
+    assert Assistant.open_engine(tiny["bundle"]).runtime.config.answer_window == 0
+    short = run(*args[:-1], tmp_path / "short", "--answer-window", SEGMENT - 1)
+    assert_one_line_error(short, f"answer window {SEGMENT - 1}")
+    quantized = run(
+        "export",
+        "--from",
+        tiny["bundle"],
+        "--quantize",
+        "int8",
+        "--out",
+        tmp_path / "q",
+        "--answer-window",
+        window,
+    )
+    assert_one_line_error(quantized, "keeps that bundle's answer window")
+    assert not (tmp_path / "short").exists()
+
+
 def test_a_read_gate_travels_into_the_bundle_and_the_engine_answers_as_torch(tiny, tmp_path):
     """An adapter with a read gate (trained-looking: g varies by token) exports with it: the
     manifest says so, and the engine's answer logits are PyTorch's, which the gate changes."""
