@@ -86,6 +86,9 @@ class Stage:
     """One stage of the recipe.
 
     segments: number of written segments, one sampled per batch (the curriculum inside a stage).
+      0 (recall, vt, docqa, types, mix): nothing is written and the memory is empty, as an answer
+      window over a document shorter than the window has it: the whole item is in view (a recall
+      item's asked needle in its tail, without distractors; a vt/docqa/types item whole).
     needle: where the needle sits in its segment ("end": its last tokens; "random").
     needle_segment: which written segment holds it ("first", "last" or "any").
     p_tail: prose recall only (`ProseTasks`): the probability that the asked needle sits instead
@@ -132,8 +135,10 @@ class Stage:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise EdgememError(f"stage {self.name!r}: unknown task {self.task!r} (choose from {TASKS})")
-        if self.steps < 0 or self.segment_len < 1 or not self.segments or min(self.segments) < 1:
-            raise EdgememError(f"stage {self.name!r}: steps, segment_len and segments must be positive")
+        if self.steps < 0 or self.segment_len < 1 or not self.segments or min(self.segments) < 0:
+            raise EdgememError(f"stage {self.name!r}: steps and segment_len must be positive, segments >= 0")
+        if self.task == "tokens" and min(self.segments) < 1:
+            raise EdgememError(f"stage {self.name!r}: the tokens task needs at least 1 segment")
         if not self.mix or any(t not in MIX_TASKS for t in self.mix):
             raise EdgememError(f"stage {self.name!r}: mix draws from {', '.join(MIX_TASKS)}")
         if self.task == "lm" and min(self.segments) < 2:
@@ -286,7 +291,7 @@ def batch_shape(config: TrainConfig, step: int) -> tuple[int, int]:
     stochastic = stage.short_segment_len and local < stage.steps * (1 - FINAL_FRACTION)
     if stochastic and rng.random() < stage.p_short:
         length = stage.short_segment_len
-        segments = max(1, segments * stage.segment_len // length)
+        segments = max(1, segments * stage.segment_len // length) if segments else 0
     return length, segments
 
 
@@ -409,7 +414,8 @@ class ProseTasks:
             written.append(doc[: S * segments])
             answers.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer + [-100])
-        return Batch(torch.tensor(written), _pad(answers, 0), _pad(targets, -100), S)
+        written_ids = torch.tensor(written, dtype=torch.long).view(len(written), S * segments)
+        return Batch(written_ids, _pad(answers, 0), _pad(targets, -100), S)
 
     def recall_item(
         self, rng: random.Random, stage: Stage, S: int, segments: int
@@ -418,7 +424,8 @@ class ProseTasks:
         taken: set[str] = set()
         tail_len = rng.randint(1, stage.tail or S)
         doc = self._window(rng, S * segments + tail_len)
-        in_tail = stage.p_tail > 0 and rng.random() < stage.p_tail  # no draw at 0: older runs replay
+        # no draw at p_tail 0 (older runs replay); nothing written: the asked needle in the tail
+        in_tail = segments == 0 or (stage.p_tail > 0 and rng.random() < stage.p_tail)
         keys = [random_key(rng, taken) for _ in range(stage.keys)]
         values = [random_number(rng, stage.digits) for _ in keys]
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
@@ -430,6 +437,8 @@ class ProseTasks:
                 pos = rng.randrange(0, tail_len - len(needle) + 1)
                 doc[S * segments + pos : S * segments + pos + len(needle)] = needle
                 continue
+            if segments == 0:  # no memory to hold the distractors
+                break
             seg = _needle_segment(rng, stage, segments)
             pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
             doc[seg * S + pos : seg * S + pos + len(needle)] = needle

@@ -22,6 +22,7 @@ from edgemem.files import sha256_file
 from edgemem.models import cpu_model
 from edgemem.train import (
     FINAL_FRACTION,
+    Batch,
     ProseTasks,
     Run,
     Stage,
@@ -1315,6 +1316,48 @@ def test_p_view_same_writes_the_documents_first_part_and_keeps_its_evidence_in_v
         assert all(stream[i : i + S * n] != doc[: S * n] for i in range(len(stream) - S * n))
     with pytest.raises(EdgememError, match="view"):
         Stage(**options, view="elsewhere")
+
+
+def test_zero_segments_train_with_an_empty_memory_and_the_item_in_view(train_split_tasks):
+    """segments = 0 is an answer window over a document shorter than the window: nothing is written,
+    a recall item's asked needle sits alone in its tail (no distractor: no memory to hold one), a
+    docqa item sits whole in view, and the step trains the backbone (LoRA) while the memory, which
+    has nothing to read, gets no gradient; the token task still needs a segment."""
+    import re
+
+    tok = train_split_tasks.tokenizer
+    options = dict(name="e", task="mix", mix=("recall", "docqa"), steps=1, segment_len=64, tail=512, keys=2)
+    stage = Stage(**options, segments=(0, 2))
+    for seed in range(3):
+        doc, prompt, answer = train_split_tasks.recall_item(step_rng(0, seed, "e"), stage, 64, 0)
+        value = tok.decode(answer, skip_special_tokens=True).strip().rstrip(".")
+        found = re.findall(r"magic numbers for \S+ is: (\d{7})\.", tok.decode(doc))
+        assert found == [value] and tok.decode(doc).strip() in tok.decode(prompt)
+        doc, prompt, answer = train_split_tasks.task_item("docqa", step_rng(0, seed, "e"), stage, 64, 0)
+        word = tok.decode(answer, skip_special_tokens=True).strip()
+        assert re.search(rf"\b{word}\b", tok.decode(doc), re.I) and tok.decode(doc).strip()[
+            :200
+        ] in tok.decode(prompt)
+    batch = train_split_tasks.batch("mix", step_rng(0, 9, "e"), stage, 64, 0)
+    assert batch.written.shape == (stage.batch_size, 0) and batch.written.dtype == torch.long
+    short = Stage(**{**options, "steps": 10}, segments=(0,), short_segment_len=32, p_short=1.0)
+    assert {batch_shape(TrainConfig(model="m", stages=(short,)), k)[1] for k in range(4)} == {0}
+    with pytest.raises(EdgememError, match="tokens task"):
+        Stage(name="t", task="tokens", steps=1, segment_len=8, segments=(0,))
+    with pytest.raises(EdgememError, match="segments"):
+        Stage(**options, segments=(-1,))
+    config = tiny_config(steps=1, backbone="lora")
+    armt = build_armt(tiny_llama(), config)
+    with torch.no_grad():  # a trained LoRA and memory: every matrix passes gradient where it can
+        for param in armt.adapter_parameters():
+            param.normal_(0, 0.1)
+    answer = torch.randint(4, VOCAB, (2, 6))
+    targets = torch.full_like(answer, -100)
+    targets[:, -2] = answer[:, -1]
+    empty = forward_loss(armt, Batch(torch.zeros(2, 0, dtype=torch.long), answer, targets, 4), stage, 2)[0]
+    empty.backward()
+    assert torch.isfinite(empty) and all(m.B.grad.abs().sum() > 0 for m in armt.lora.values())
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in armt.memories.parameters())
 
 
 def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):
