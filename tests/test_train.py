@@ -716,6 +716,11 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     # in the answer window's shape: long unwritten tails, items and needles answered from view
     tasks_stages = [s for s in long.stages if s.task == "mix"]
     assert all(s.tail >= 1024 and s.p_view > 0 and s.view == "same" and s.p_tail > 0 for s in tasks_stages)
+    # the recall adapter it starts from cannot copy a needle from view: an empty-memory recall stage
+    # first gives the copy back, and the first task stage keeps empty-memory steps
+    first = long.stages[0]
+    assert first.task == "recall" and first.segments == (0,) and first.tail >= 1024
+    assert 0 in tasks_stages[0].segments
     bad = tmp_path / "bad.toml"
     bad.write_text(
         'model = "x"\nspeed = 3\n[[stage]]\nname = "a"\ntask = "recall"\nsteps = 1\nsegment_len = 8\n'
