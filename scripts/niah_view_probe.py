@@ -4,7 +4,7 @@
 Every adapter answered niah 1k 0 of 20 under a 1024-token answer window, where the base model
 reading the same window answers 15 (docs/RESULTS.md, "Twenty-eighth session" on). This script
 answers the first `-n` test niah items of one length through the evaluation's own path
-(`ARMTMethod`, greedy, float32, 32 new tokens as the evaluation's niah) three ways, and prints
+(`ARMTMethod`, greedy, float32, the evaluation's niah budget of new tokens) three ways, and prints
 the correct answers split by where the needle sat (written into memory, or in the unwritten view):
 
 - `adapter`: as `edgemem eval --method armt --answer-window W` does;
@@ -31,12 +31,20 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgemem.armt import ARMT, generate_ids, read_adapter, written_segments  # noqa: E402
+from edgemem.armt import (  # noqa: E402
+    ARMT,
+    generate_ids,
+    read_adapter,
+    stop_token_ids,
+    tokenize_stream,
+    written_segments,
+)
 from edgemem.data.tasks import PROSE, Builder  # noqa: E402
+from edgemem.evaluate import MAX_NEW_TOKENS  # noqa: E402
 from edgemem.methods import ARMTMethod  # noqa: E402
 from edgemem.models import load_model  # noqa: E402
 from edgemem.scoring import score  # noqa: E402
-from edgemem.train import Batch, ProseTasks, Stage, forward_loss, prose_stream  # noqa: E402
+from edgemem.train import ProseTasks, Stage, forward_loss, prose_stream  # noqa: E402
 
 
 def main() -> None:
@@ -61,11 +69,12 @@ def main() -> None:
     items = [builder.item("niah", args.length, i, args.n) for i in range(args.n)]
     print(f"{args.adapter.name}: niah {args.length // 1024}k, items 0-{args.n - 1}, window {args.window}")
 
+    new_tokens = MAX_NEW_TOKENS["niah"]
+
     def in_view(item) -> bool:
-        ids = ARMTMethod(armt, tok)._ids(item.context)
+        ids = [i for chunk in tokenize_stream([item.context], tok) for i in chunk]  # as ARMTMethod
         written = written_segments(len(ids), S, args.window) * S
-        needle = f"{item.answers[0]}"
-        return needle in tok.decode(ids[written:])
+        return item.answers[0] in tok.decode(ids[written:])
 
     where = [in_view(item) for item in items]
     print(f"needle in view on {sum(where)} of {len(items)} items")
@@ -84,7 +93,7 @@ def main() -> None:
         mem = view = 0
         answers = []
         for item, seen in zip(items, where, strict=True):
-            pred = method.predict(item, 32)
+            pred = method.predict(item, new_tokens)
             ok = score(item.task, pred.text, item.answers).correct
             view += ok and seen
             mem += ok and not seen
@@ -97,7 +106,7 @@ def main() -> None:
     stream = prose_stream(tok, PROSE, "test", 200_000)
     tasks = ProseTasks(tok, stream)
     stage = Stage("probe", "recall", 1, S, (0,), tail=args.window, keys=1, batch_size=1)
-    stops = {tasks.end_id} if tasks.end_id is not None else set()
+    stops = stop_token_ids(tok)
     print("| train-shaped, empty memory | exact greedy | answer loss (teacher-forced) | answers |")
     print("|---|---|---|---|")
     for way in ("adapter", "LoRA and memory off"):
@@ -109,18 +118,14 @@ def main() -> None:
         rng = random.Random(7)
         correct, losses, answers = 0, [], []
         for _ in range(args.n):
-            _, prompt, answer = tasks.recall_item(rng, stage, S, 0)
-            gold = tok.decode(answer, skip_special_tokens=True).strip().rstrip(".")
-            ids = list(generate_ids(armt, armt.empty_state(), prompt, stops, 32))
+            batch = tasks.batch("recall", rng, stage, S, 0)  # one item, as training builds it
+            scored = (batch.targets[0] != -100).nonzero()[:, 0]
+            prompt = batch.answer[0, : int(scored[0]) + 1].tolist()  # up to the answer prefix
+            gold = tok.decode(batch.targets[0, scored], skip_special_tokens=True).strip().rstrip(".")
+            ids = list(generate_ids(armt, armt.empty_state(), prompt, stops, new_tokens))
             out = tok.decode(ids, skip_special_tokens=True)
             correct += score("niah", out, [gold]).correct
             answers.append(" ".join(out.split())[:16])
-            batch = Batch(
-                torch.zeros(1, 0, dtype=torch.long),
-                torch.tensor([prompt + answer]),
-                torch.tensor([[-100] * (len(prompt) - 1) + answer + [-100]]),
-                S,
-            )
             with torch.no_grad():
                 losses.append(float(forward_loss(armt, batch, stage, 1)[0]))
         mean = sum(losses) / len(losses)

@@ -4,6 +4,7 @@ schedules give the intended shapes, adapters round-trip, configs and real-text i
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -733,6 +734,19 @@ def test_shipped_config_parses_and_bad_configs_are_refused(tmp_path):
     bad.write_text("model = [")
     with pytest.raises(EdgememError, match="not valid TOML"):
         load_config(bad)
+
+
+def test_gpu_check_times_the_long_recipes_first_task_stage_not_its_view_stage(tmp_path):
+    """scripts/gpu_check.sh filters smollm2-135m-long.toml's "view" stage (nothing written, cheap
+    steps) out before timing 3 steps: its own awk filter, run on the config, leaves the task stages."""
+    script = (REPO / "scripts" / "gpu_check.sh").read_text()
+    program = re.search(r"awk '([^']*# view:[^']*)'", script).group(1)
+    long = SHIPPED_CONFIG.with_name("smollm2-135m-long.toml")
+    kept = subprocess.run(["awk", program, str(long)], capture_output=True, text=True, check=True).stdout
+    (tmp_path / "window.toml").write_text(kept)
+    names = [s.name for s in load_config(tmp_path / "window.toml").stages]
+    assert names == [s.name for s in load_config(long).stages if s.name != "view"]
+    assert load_config(tmp_path / "window.toml").stages[0].task == "mix"
 
 
 def test_ablation_configs_share_the_learnable_recipe_and_differ_only_in_what_they_ablate(tmp_path):
