@@ -37,7 +37,7 @@ import os
 import random
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
@@ -176,6 +176,10 @@ class TrainConfig:
     # only in what they train on, and are evaluated on the same items
     eval_seed: int | None = None
     threads: int = 0  # 0: leave torch's default
+    # processes that build the next batches while the model trains (forked; each batch is a
+    # function of (seed, step) alone, so the batches are the same for any number): 0 builds each
+    # in the training loop, as the CPU runs do; a GPU step is faster than building its batch
+    data_workers: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
     # bf16 autocast: true, false, or "auto": where the device runs bf16 natively (GPUs with bf16,
     # CPUs with AMX / AVX512-BF16; emulated elsewhere, and slower than float32)
@@ -196,6 +200,8 @@ class TrainConfig:
         for name in ("memory_lr_scale", "gate_lr_scale"):
             if not 0 < getattr(self, name) <= 1000:
                 raise EdgememError(f"{name} must lie in (0, 1000], not {getattr(self, name)}")
+        if self.data_workers < 0:
+            raise EdgememError(f"data_workers must be 0 or more, not {self.data_workers}")
         if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
@@ -486,7 +492,9 @@ class ProseTasks:
         assert self.builder is not None
         top, cut = stage.tail or S, S * segments
         same = stage.view == "same" and kind == "docqa"
-        for _ in range(50 if same else 20):
+        # the evidence lands after the cut in about view / (cut + view) of the draws: a cut longer
+        # than the tail needs more of them (the first 50 draws are as before)
+        for _ in range(max(50, 50 * cut // top) if same else 20):
             index = rng.randrange(10**9)
             view_len = rng.randint(max(1, top // 4), top)
             try:
@@ -721,6 +729,38 @@ def recall_accuracy(
 # ----- the loop -----
 
 
+class _StepBatches(torch.utils.data.Dataset):
+    """Batch `i` of a run is step `start + i`'s: a function of (seed, step) alone."""
+
+    def __init__(self, config: TrainConfig, make_batch: Callable, start: int, stop: int) -> None:
+        self.config, self.make_batch, self.start, self.stop = config, make_batch, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> Batch:
+        step = self.start + i
+        stage, _ = self.config.stage_at(step)
+        S, n = batch_shape(self.config, step)
+        return self.make_batch(step_rng(self.config.seed, step, "batch"), stage, S, n)
+
+
+def step_batches(config: TrainConfig, make_batch: Callable, start: int, stop: int) -> Iterator[Batch]:
+    """The batches of steps start..stop-1 in order: built in the loop (`data_workers` 0), or by
+    that many forked processes a few steps ahead of it (the same batches either way)."""
+    batches = _StepBatches(config, make_batch, start, stop)
+    if not config.data_workers or stop <= start:
+        return (batches[i] for i in range(len(batches)))
+    loader = torch.utils.data.DataLoader(
+        batches,
+        batch_size=None,  # each item is a whole Batch already
+        num_workers=config.data_workers,
+        prefetch_factor=4,
+        multiprocessing_context="fork",  # the workers inherit the tokenizer and token stream
+    )
+    return iter(loader)
+
+
 @dataclass
 class Run:
     """What `train` needs besides the config: the model, the batch makers, where to write."""
@@ -737,6 +777,7 @@ class Run:
 
 OPERATIONAL = (
     "threads",
+    "data_workers",
     "device",
     "autocast",
     "checkpoint_every",
@@ -817,6 +858,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     stop_at = config.total_steps if max_steps is None else min(config.total_steps, step + max_steps)
     bf16 = autocast_enabled(config.autocast, armt.write_embeddings.device)
     cpu = cpu_model()
+    batches = step_batches(config, run.make_batch, step, stop_at)
     while step < stop_at:
         stage, local = config.stage_at(step)
         S, n = batch_shape(config, step)
@@ -824,7 +866,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         for group in optimizer.param_groups:
             group["lr"] = lr * group["scale"]
         started = time.perf_counter()
-        batch = run.make_batch(step_rng(config.seed, step, "batch"), stage, S, n)
+        batch = next(batches)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
         with autocast_context(armt, bf16):

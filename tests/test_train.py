@@ -139,6 +139,27 @@ def test_resumed_run_continues_bit_for_bit(tmp_path):
     assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
 
 
+def test_data_workers_build_the_same_batches_so_the_run_is_the_same_bit_for_bit(tmp_path):
+    """Batches built ahead by forked worker processes (`data_workers`, for a GPU whose step is
+    faster than building its batch) are each step's own: the parameters and losses equal the
+    loop-built run's, and a resume with workers continues it too."""
+    config = tiny_config(steps=5)
+    straight = tiny_run(config, tmp_path / "a")
+    train(config, straight)
+    workers = replace(config, data_workers=2)
+    assert train(workers, tiny_run(workers, tmp_path / "b"), max_steps=3) == 3
+    resumed = tiny_run(workers, tmp_path / "b")
+    assert train(workers, resumed) == 5
+    for (name, a), (_, b) in zip(
+        straight.armt.named_parameters(), resumed.armt.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    logs = [read_log(p / "log.jsonl")[0] for p in (tmp_path / "a", tmp_path / "b")]
+    assert [r["loss"] for r in logs[0]] == [r["loss"] for r in logs[1]]
+    with pytest.raises(EdgememError, match="data_workers"):
+        replace(config, data_workers=-1)
+
+
 def test_an_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path):
     """The checkpoint of an evaluation step is written before the evaluation runs: a run killed
     during the evaluation resumes at that step with no evaluation logged for it, and evaluates it
@@ -1335,6 +1356,23 @@ def test_p_view_same_writes_the_documents_first_part_and_keeps_its_evidence_in_v
         assert all(stream[i : i + S * n] != doc[: S * n] for i in range(len(stream) - S * n))
     with pytest.raises(EdgememError, match="view"):
         Stage(**options, view="elsewhere")
+
+
+def test_p_view_same_finds_its_evidence_after_a_cut_many_times_the_tail(train_split_tasks):
+    """A cut of 2048 tokens beside a tail of at most 256: about one draw in sixty puts the evidence
+    after the cut, and this item took 70 draws, past the 50 that used to raise; the draws scale
+    with cut / tail, so long written streams (a GPU run's 64 segments) build their items."""
+    import re
+
+    tok = train_split_tasks.tokenizer
+    S, n = 64, 32
+    stage = Stage(
+        name="d", task="docqa", steps=1, segment_len=S, segments=(n,), tail=256, p_view=1.0, view="same"
+    )
+    doc, _, answer = train_split_tasks.task_item("docqa", step_rng(0, 0, "long"), stage, S, n)
+    word = tok.decode(answer, skip_special_tokens=True).strip()
+    assert 0 < len(doc) - S * n <= 256 + 64
+    assert re.search(rf"\b{word}\b", tok.decode(doc[S * n :]), re.I)
 
 
 def test_zero_segments_train_with_an_empty_memory_and_the_item_in_view(train_split_tasks):
