@@ -178,7 +178,7 @@ class TrainConfig:
     threads: int = 0  # 0: leave torch's default
     # processes that build the next batches while the model trains (forked; each batch is a
     # function of (seed, step) alone, so the batches are the same for any number): 0 builds each
-    # in the training loop, as the CPU runs do; a GPU step is faster than building its batch
+    # in the training loop, as the CPU runs do (a long-stream batch takes seconds on one core)
     data_workers: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
     # bf16 autocast: true, false, or "auto": where the device runs bf16 natively (GPUs with bf16,
