@@ -1065,6 +1065,13 @@ def cached_stream(tokenizer: object, model_id: str, config: TrainConfig, split: 
     return ids
 
 
+def train_tasks(tokenizer: object, model_id: str, config: TrainConfig) -> ProseTasks:
+    """The run's training items: the train split's token stream and a Builder on its prose corpora."""
+    stream = cached_stream(tokenizer, model_id, config, "train")
+    prose = tuple(c for c in config.corpora if c in PROSE)
+    return ProseTasks(tokenizer, stream, Builder(tokenizer, prose=prose, split="train"))
+
+
 def run_config(
     config: TrainConfig, out: Path, max_steps: int | None = None, log: Callable[[str], None] = print
 ):
@@ -1089,9 +1096,7 @@ def run_config(
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     loaded = load_model(config.model, dtype=torch.float32)
     armt = build_armt(loaded.model, config).to(device)
-    stream = cached_stream(loaded.tokenizer, loaded.model_id, config, "train")
-    prose = tuple(c for c in config.corpora if c in PROSE)
-    tasks = ProseTasks(loaded.tokenizer, stream, Builder(loaded.tokenizer, prose=prose, split="train"))
+    tasks = train_tasks(loaded.tokenizer, loaded.model_id, config)
     held_out = ProseTasks(
         loaded.tokenizer, cached_stream(loaded.tokenizer, loaded.model_id, config, "validation")
     )

@@ -4,8 +4,8 @@
 
     python scripts/train_batch_cost.py CONFIG [--segments 0,8,16,32,64] [--batches 3] [--batch-size 16]
 
-Builds the batches of the config's first stage as its run would (`ProseTasks.batch`, the run's
-own stream and Builder, the step's seeded draws) and prints the median seconds per batch and per
+Builds the batches of the config's first stage as its run would (`ProseTasks.batch` on the run's
+`train_tasks`, the step's seeded draws) and prints the median seconds per batch and per
 item for each segment count, one process, one thread.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from edgemem.models import load_model
-from edgemem.train import PROSE, Builder, ProseTasks, cached_stream, load_config, step_rng
+from edgemem.train import load_config, step_rng, train_tasks
 
 
 def main() -> None:
@@ -34,10 +34,7 @@ def main() -> None:
     config = load_config(args.config)
     stage = replace(config.stages[0], batch_size=args.batch_size)
     loaded = load_model(config.model, dtype=torch.float32)  # its id keys the run's stream cache
-    tokenizer = loaded.tokenizer
-    stream = cached_stream(tokenizer, loaded.model_id, config, "train")
-    prose = tuple(c for c in config.corpora if c in PROSE)
-    tasks = ProseTasks(tokenizer, stream, Builder(tokenizer, prose=prose, split="train"))
+    tasks = train_tasks(loaded.tokenizer, loaded.model_id, config)
     print(f"{args.config.name}: stage {stage.name}, task {stage.task}, batch {args.batch_size}")
     for n in (int(x) for x in args.segments.split(",")):
         times = []

@@ -140,9 +140,18 @@ def test_resumed_run_continues_bit_for_bit(tmp_path):
 
 
 def test_data_workers_build_the_same_batches_so_the_run_is_the_same_bit_for_bit(tmp_path):
-    """Batches built ahead by forked worker processes (`data_workers`, for a GPU whose step is
-    faster than building its batch) are each step's own: the parameters and losses equal the
-    loop-built run's, and a resume with workers continues it too."""
+    """Batches built ahead by forked worker processes (`data_workers`, so that a GPU need not wait
+    while one is built) are built in those processes and are each step's own: the parameters and
+    losses equal the loop-built run's, and a resume with workers continues it too."""
+    import os
+
+    from edgemem.train import step_batches
+
+    def pid(rng, stage, S, n):
+        return os.getpid()
+
+    built_in = set(step_batches(replace(tiny_config(steps=4), data_workers=2), pid, 0, 4))
+    assert built_in and os.getpid() not in built_in
     config = tiny_config(steps=5)
     straight = tiny_run(config, tmp_path / "a")
     train(config, straight)
