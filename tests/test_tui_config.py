@@ -44,3 +44,29 @@ def test_unparsable_file_is_a_warning(tmp_path):
     path.write_text("model = [unclosed\n")
     settings, (warning,) = load_settings(path)
     assert settings == Settings() and "unreadable" in warning
+
+
+def test_adapter_and_answer_window_round_trip_and_default_to_the_adapters_own(tmp_path):
+    path = tmp_path / "config.toml"
+    assert (Settings().adapter, Settings().answer_window) == ("", config.NO_WINDOW_OVERRIDE)
+    settings = Settings(adapter="~/runs/view/adapter.safetensors", answer_window=1024)
+    save_settings(settings, path)
+    assert load_settings(path) == (settings, [])
+
+
+def test_a_bad_answer_window_is_reported_and_replaced(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('adapter = "a.safetensors"\nanswer_window = -5\n')
+    settings, (warning,) = load_settings(path)
+    assert settings == Settings(adapter="a.safetensors") and "answer_window" in warning
+
+
+def test_an_adapter_with_an_engine_bundle_is_reported_and_dropped(tmp_path):
+    # each value is good alone; together they are not: a bundle carries its own adapter and window
+    path = tmp_path / "config.toml"
+    path.write_text(
+        'engine = "onnxruntime"\nmodel = "bundle"\nadapter = "a.safetensors"\nanswer_window = 0\n'
+    )
+    settings, (warning,) = load_settings(path)
+    assert settings == Settings(engine="onnxruntime", model="bundle")
+    assert "bundle's own" in warning and "\n" not in warning

@@ -38,7 +38,7 @@ from textual.worker import Worker, WorkerState
 
 from edgemem.errors import EdgememError
 from edgemem.limits import DEFAULT_MAX_BYTES
-from edgemem.tui.config import Settings, load_settings, save_settings
+from edgemem.tui.config import NO_WINDOW_OVERRIDE, Settings, load_settings, save_settings
 from edgemem.tui.screens import AddPathScreen, ConfirmScreen, HelpScreen, SettingsScreen, short_path
 
 if TYPE_CHECKING:
@@ -56,7 +56,8 @@ def open_assistant(settings: Settings) -> Assistant:
     from edgemem.assistant import Assistant
 
     if settings.engine == "torch":
-        return Assistant.open(settings.model)
+        window = None if settings.answer_window == NO_WINDOW_OVERRIDE else settings.answer_window
+        return Assistant.open(settings.model, settings.adapter or None, answer_window=window)
     if settings.engine == "onnxruntime":
         return Assistant.open_engine(settings.model)  # the model setting is the bundle's folder
     raise EdgememError(f"engine {settings.engine!r} is not available")
@@ -122,7 +123,9 @@ class EdgememApp(App[None]):
     ModalScreen { align: center middle; }
     .dialog { width: 72; max-width: 95%; height: auto; max-height: 90%;
               border: thick $primary; background: $surface; padding: 0 1; }
-    #settings-grid { grid-size: 2; grid-columns: 16 1fr; height: auto; }
+    /* seven fields are 21 rows: past 60% of the screen they scroll, and Save stays in view */
+    #settings-grid { grid-size: 2; grid-columns: 16 1fr; grid-rows: 3; height: auto;
+                     max-height: 60vh; overflow-y: auto; }
     #settings-grid Label { padding: 1 0 0 0; }
     #settings-buttons { height: auto; align-horizontal: right; }
     """

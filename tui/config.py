@@ -2,6 +2,8 @@
 
     model = "smollm2-135m-instruct"   # registry name, or a path to a .gguf file or model folder
     engine = "torch"                  # how the model runs; see ENGINES (onnxruntime: model = a bundle)
+    adapter = ""                      # a trained adapter (.safetensors); "": the model's shipped one
+    answer_window = -1                # tokens an answer reads in view; -1: the adapter's own, 0: off
     temperature = 0.0                 # 0 = greedy
     max_new_tokens = 256
     theme = "textual-dark"            # "textual-light", or any Textual theme
@@ -16,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from edgemem.paths import config_dir
@@ -25,6 +27,8 @@ DEFAULT_MODEL = "smollm2-135m-instruct"  # edgemem.models.DEFAULT_MODEL, without
 # Engines the app can run a model with: "torch" is PyTorch eager through edgemem.assistant;
 # "onnxruntime" runs an engine bundle made by `edgemem export`, whose folder is then the `model`.
 ENGINES: tuple[str, ...] = ("torch", "onnxruntime")
+NO_WINDOW_OVERRIDE = -1  # answer_window: the adapter's own (TOML has no null)
+MAX_ANSWER_WINDOW = 1 << 20  # edgemem.armt's bound, without importing torch
 THEMES = ("textual-dark", "textual-light")  # offered first; any theme Textual knows is accepted
 
 
@@ -32,6 +36,9 @@ THEMES = ("textual-dark", "textual-light")  # offered first; any theme Textual k
 class Settings:
     model: str = DEFAULT_MODEL
     engine: str = "torch"
+    # The memory (torch engine only; a bundle holds its own): `edgemem ask --adapter / --answer-window`.
+    adapter: str = ""  # "": the model's shipped adapter
+    answer_window: int = NO_WINDOW_OVERRIDE
     temperature: float = 0.0
     max_new_tokens: int = 256
     theme: str = "textual-dark"
@@ -43,6 +50,12 @@ class Settings:
             out.append("model is empty")
         if self.engine not in ENGINES:
             out.append(f"engine {self.engine!r} is not available (available: {', '.join(ENGINES)})")
+        if not NO_WINDOW_OVERRIDE <= self.answer_window <= MAX_ANSWER_WINDOW:
+            out.append(
+                f"answer_window must be -1 (the adapter's own), 0 (off) or tokens, not {self.answer_window}"
+            )
+        if self.engine != "torch" and (self.adapter or self.answer_window != NO_WINDOW_OVERRIDE):
+            out.append(f"adapter and answer_window are the bundle's own with engine {self.engine!r}")
         if not 0.0 <= self.temperature <= 5.0:
             out.append(f"temperature must be between 0 and 5, not {self.temperature}")
         if not 1 <= self.max_new_tokens <= 8192:
@@ -87,7 +100,10 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
         for f in fields(Settings)
         if not Settings(**{f.name: getattr(settings, f.name)}).problems()
     }
-    return Settings(**fixed), warnings
+    settings = Settings(**fixed)
+    if settings.problems():  # values good alone, not together: an adapter with an engine bundle
+        settings = replace(settings, adapter=defaults.adapter, answer_window=defaults.answer_window)
+    return settings, warnings
 
 
 def save_settings(settings: Settings, path: Path | None = None) -> Path:

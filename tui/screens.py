@@ -125,6 +125,15 @@ class SettingsScreen(ModalScreen[Settings | None]):
                 yield Input(s.model, id="set-model", placeholder="name or path (onnxruntime: bundle)")
                 yield Label("engine")
                 yield Select([(e, e) for e in ENGINES], value=s.engine, allow_blank=False, id="set-engine")
+                yield Label("adapter")
+                yield Input(s.adapter, id="set-adapter", placeholder="path (empty: the shipped one)")
+                yield Label("answer window")
+                yield Input(
+                    str(s.answer_window),
+                    id="set-answer-window",
+                    type="integer",
+                    placeholder="-1: the adapter's own, 0: off",
+                )
                 yield Label("temperature")
                 yield Input(str(s.temperature), id="set-temperature", type="number")
                 yield Label("max new tokens")
@@ -141,6 +150,8 @@ class SettingsScreen(ModalScreen[Settings | None]):
             settings = Settings(
                 model=self.query_one("#set-model", Input).value.strip(),
                 engine=str(self.query_one("#set-engine", Select).value),
+                adapter=self.query_one("#set-adapter", Input).value.strip(),
+                answer_window=int(self.query_one("#set-answer-window", Input).value or "-1"),
                 temperature=float(self.query_one("#set-temperature", Input).value or "0"),
                 max_new_tokens=int(self.query_one("#set-max-new-tokens", Input).value or "0"),
                 theme=str(self.query_one("#set-theme", Select).value),
