@@ -180,6 +180,10 @@ class TrainConfig:
     # function of (seed, step) alone, so the batches are the same for any number): 0 builds each
     # in the training loop, as the CPU runs do (a long-stream batch takes seconds on one core)
     data_workers: int = 0
+    # rows of a batch per forward/backward pass, their gradients summed before the optimizer step
+    # (0: the whole batch at once): the batch's update in the memory of a smaller one, as a CPU needs
+    # for a GPU config's batch 16 at 64 segments; the same run up to float rounding
+    micro_batch: int = 0
     device: str = "auto"  # "auto": CUDA when present, else CPU; or "cpu", "cuda", "cuda:1"
     # bf16 autocast: true, false, or "auto": where the device runs bf16 natively (GPUs with bf16,
     # CPUs with AMX / AVX512-BF16; emulated elsewhere, and slower than float32)
@@ -202,6 +206,8 @@ class TrainConfig:
                 raise EdgememError(f"{name} must lie in (0, 1000], not {getattr(self, name)}")
         if self.data_workers < 0:
             raise EdgememError(f"data_workers must be 0 or more, not {self.data_workers}")
+        if self.micro_batch < 0:
+            raise EdgememError(f"micro_batch must be 0 (the whole batch) or more, not {self.micro_batch}")
         if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
@@ -595,6 +601,20 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
     return per_item.sum() / global_batch, stats
 
 
+def merge_stats(parts: list[tuple[int, dict]]) -> dict:
+    """The stats of a batch from those of its micro-batches [(rows, stats)]: means weighted by rows."""
+    total = sum(rows for rows, _ in parts)
+    merged: dict = {
+        "segment_loss": [
+            sum(rows * stats["segment_loss"][i] for rows, stats in parts) / total
+            for i in range(len(parts[0][1]["segment_loss"]))
+        ]
+    }
+    if "exact" in parts[0][1]:
+        merged["exact"] = sum(rows * stats["exact"] for rows, stats in parts) / total
+    return merged
+
+
 def _checkpointed_step(armt: ARMT, ids: Tensor, state: MemoryState, want_logits: bool):
     """armt.step, recomputed in the backward pass instead of keeping its activations."""
     from torch.utils.checkpoint import checkpoint
@@ -778,6 +798,7 @@ class Run:
 OPERATIONAL = (
     "threads",
     "data_workers",
+    "micro_batch",
     "device",
     "autocast",
     "checkpoint_every",
@@ -869,10 +890,17 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         batch = next(batches)
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
-        with autocast_context(armt, bf16):
-            loss, stats = forward_loss(armt, batch.rows(local_rows), stage, batch.written.shape[0])
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss, parts = torch.zeros((), device=armt.write_embeddings.device), []
+        micro = config.micro_batch or len(local_rows)
+        for start in range(0, len(local_rows), micro):
+            rows = local_rows[start : start + micro]
+            with autocast_context(armt, bf16):
+                part, part_stats = forward_loss(armt, batch.rows(rows), stage, batch.written.shape[0])
+            part.backward()  # each part is already over the global batch: the gradients add up
+            loss = loss + part.detach()
+            parts.append((len(rows), part_stats))
+        stats = merge_stats(parts)
         if run.world > 1:
             _all_reduce_grads(params, run.world)
             stats_loss = loss.detach().clone()

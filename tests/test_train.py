@@ -169,6 +169,27 @@ def test_data_workers_build_the_same_batches_so_the_run_is_the_same_bit_for_bit(
         replace(config, data_workers=-1)
 
 
+def test_micro_batches_make_the_whole_batchs_update_in_a_smaller_ones_memory(tmp_path):
+    """`micro_batch` rows per forward/backward pass, gradients summed before the step: the run
+    whose batch of 16 goes through in parts of 5 (the last one 1 row) is the whole-batch run, up to
+    float rounding: every part's gradient counts, each weighted by the global batch."""
+    config = tiny_config(steps=3)
+    whole = tiny_run(config, tmp_path / "a")
+    train(config, whole)
+    micro = replace(config, micro_batch=5)
+    parts = tiny_run(micro, tmp_path / "b")
+    train(micro, parts)
+    for (name, a), (_, b) in zip(whole.armt.named_parameters(), parts.armt.named_parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+    logs = [read_log(p / "log.jsonl")[0] for p in (tmp_path / "a", tmp_path / "b")]
+    for r, q in zip(*logs, strict=True):
+        assert r["loss"] == pytest.approx(q["loss"], rel=1e-4)
+        assert r["segment_loss"] == pytest.approx(q["segment_loss"], rel=1e-4)
+        assert r["exact"] == pytest.approx(q["exact"])
+    with pytest.raises(EdgememError, match="micro_batch"):
+        replace(config, micro_batch=-1)
+
+
 def test_an_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path):
     """The checkpoint of an evaluation step is written before the evaluation runs: a run killed
     during the evaluation resumes at that step with no evaluation logged for it, and evaluates it
