@@ -842,6 +842,9 @@ def train(config: TrainConfig, run: Run, max_steps: int | None = None) -> int:
 
 
 def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
+    smallest = min(stage.batch_size for stage in config.stages)
+    if run.world > smallest:  # a process with no rows would have nothing to step on
+        raise EdgememError(f"{run.world} processes need batches of {run.world} or more rows, not {smallest}")
     armt = run.armt
     out = run.out
     ckpt = out / "checkpoint.safetensors"

@@ -128,7 +128,7 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
     # the whole segments before the window written; one shorter than a segment is refused
     windowed = run("ingest", str(doc), "--segment-len", "256", "--answer-window", "1024")
     assert windowed.exit_code == 0 and "ingested" in windowed.stderr, windowed.output
-    tokens = int(re.search(r"([\d,]+) tokens", forced.stderr).group(1).replace(",", ""))
+    tokens = int(re.search(r"ingested: ([\d,]+) tokens", forced.stderr).group(1).replace(",", ""))
     assert f"{-(-(tokens - 1024) // 256)} segments written" in windowed.stderr
     assert f"{(tokens - 1) // 256} segments written" in forced.stderr
     assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", "64"), "answer window 64")

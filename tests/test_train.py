@@ -190,6 +190,14 @@ def test_micro_batches_make_the_whole_batchs_update_in_a_smaller_ones_memory(tmp
         replace(config, micro_batch=-1)
 
 
+def test_more_processes_than_rows_in_a_batch_is_one_clear_error(tmp_path):
+    config = tiny_config(steps=1)
+    run = tiny_run(config, tmp_path)
+    run.world = 17  # a rank would get no row of the batch of 16 to step on
+    with pytest.raises(EdgememError, match="17 processes need batches of 17 or more rows, not 16"):
+        train(config, run)
+
+
 def test_an_evaluation_killed_after_its_checkpoint_runs_again_on_resume(tmp_path):
     """The checkpoint of an evaluation step is written before the evaluation runs: a run killed
     during the evaluation resumes at that step with no evaluation logged for it, and evaluates it
