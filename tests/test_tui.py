@@ -392,36 +392,7 @@ def test_missing_model_is_a_notification(home, doc):
     run(session())
 
 
-def test_settings_screen_saves_to_the_config_file(assistant, home):
-    async def session():
-        app = make_app(assistant)
-        async with app.run_test() as pilot:
-            await pilot.press("f2")
-            await until(pilot, lambda: isinstance(app.screen, SettingsScreen))
-            app.screen.query_one("#set-temperature", Input).value = "0.7"
-            app.screen.query_one("#set-max-new-tokens", Input).value = "64"
-            await pilot.press("ctrl+s")
-            await until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
-            return app.settings
-
-    settings = run(session())
-    assert (settings.temperature, settings.max_new_tokens) == (0.7, 64)
-    assert load_settings() == (settings, [])
-    assert (home / "config" / "config.toml").is_file()
-
-
-def test_the_settings_adapter_and_window_reach_the_model_load_as_one_clear_error(tmp_path):
-    from edgemem.tui.app import open_assistant
-
-    missing = tmp_path / "trained" / "adapter.safetensors"
-    with pytest.raises(EdgememError, match="adapter") as info:
-        open_assistant(Settings(adapter=str(missing)))  # read before the model loads: no wait
-    assert "\n" not in str(info.value)
-    with pytest.raises(EdgememError, match="answer window 64"):  # the window reaches it too
-        open_assistant(Settings(answer_window=64))  # the real model: its adapter's segments are 128
-
-
-def test_settings_screen_edits_adapter_and_answer_window_and_fits_80x24(assistant, home):
+def test_settings_screen_saves_to_the_config_file_and_fits_80x24(assistant, home):
     async def session():
         app = make_app(assistant)
         async with app.run_test(size=(80, 24)) as pilot:
@@ -430,9 +401,11 @@ def test_settings_screen_edits_adapter_and_answer_window_and_fits_80x24(assistan
             save = app.screen.query_one("#save", Button)
             assert save.region.bottom <= 24 and save.region.height > 0  # reachable on a small terminal
             grid = app.screen.query_one("#settings-grid")
-            app.screen.query_one("#set-theme", Select).focus()  # the last field scrolls into view
             theme = app.screen.query_one("#set-theme", Select)
+            theme.focus()  # the last field scrolls into view
             await until(pilot, lambda: grid.region.contains_region(theme.region), 3.0, "theme in view")
+            app.screen.query_one("#set-temperature", Input).value = "0.7"
+            app.screen.query_one("#set-max-new-tokens", Input).value = "64"
             app.screen.query_one("#set-adapter", Input).value = " runs/a/adapter.safetensors "
             app.screen.query_one("#set-answer-window", Input).value = "1024"
             await pilot.press("ctrl+s")
@@ -440,8 +413,27 @@ def test_settings_screen_edits_adapter_and_answer_window_and_fits_80x24(assistan
             return app.settings
 
     settings = run(session())
+    assert (settings.temperature, settings.max_new_tokens) == (0.7, 64)
     assert (settings.adapter, settings.answer_window) == ("runs/a/adapter.safetensors", 1024)
     assert load_settings() == (settings, [])
+    assert (home / "config" / "config.toml").is_file()
+
+
+def test_the_settings_adapter_reaches_the_model_load_as_one_clear_error(tmp_path):
+    from edgemem.tui.app import open_assistant
+
+    missing = tmp_path / "trained" / "adapter.safetensors"
+    with pytest.raises(EdgememError, match="adapter") as info:
+        open_assistant(Settings(adapter=str(missing)))  # read before the model loads: no wait
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.real_model
+def test_the_settings_answer_window_reaches_the_model_load():
+    from edgemem.tui.app import open_assistant
+
+    with pytest.raises(EdgememError, match="answer window 64"):
+        open_assistant(Settings(answer_window=64))  # the real model: its adapter's segments are 128
 
 
 def test_a_bad_settings_file_is_reported_and_defaults_used(assistant, home):
