@@ -523,13 +523,14 @@ def parse_config(text: str, owner: str) -> ARMTConfig:
         config = ARMTConfig.from_json(text)
     except (ValueError, TypeError, KeyError) as exc:
         raise EdgememError(f"{owner} has an invalid memory config: {exc}") from exc
-    if problem := _config_problem(config):
+    if problem := config_problem(config):
         raise EdgememError(f"{owner} has an invalid memory config: {problem}")
     return config
 
 
-def _config_problem(config: ARMTConfig) -> str | None:
-    """What makes an adapter's config unusable (a forged or damaged file), or None."""
+def config_problem(config: ARMTConfig) -> str | None:
+    """What makes a memory config unusable (a forged or damaged file, or a user's override of its
+    segment length or answer window), or None."""
 
     def whole(value: object, low: int, high: int) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
@@ -548,7 +549,10 @@ def _config_problem(config: ARMTConfig) -> str | None:
     if config.write_source not in WRITE_SOURCES:
         return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
     if not whole(config.answer_window, 0, 1 << 20) or 0 < config.answer_window < config.segment_len:
-        return f"answer_window {config.answer_window!r} is neither 0 nor a whole number from segment_len up"
+        return (
+            f"answer_window {config.answer_window!r} is neither 0 nor a whole number from segment_len "
+            f"({config.segment_len}) to {1 << 20}"
+        )
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha

@@ -17,6 +17,7 @@ from edgemem.armt import (
     ARMTConfig,
     IngestResult,
     Progress,
+    config_problem,
     ingest,
     read_adapter,
     tokenize_stream,
@@ -78,11 +79,8 @@ class Assistant:
             config = replace(config, segment_len=segment_len)
         if answer_window is not None:
             config = replace(config, answer_window=answer_window)
-        if 0 < config.answer_window < config.segment_len:
-            raise EdgememError(
-                f"answer window {config.answer_window}: 0 (off) or at least the segment length "
-                f"{config.segment_len}"
-            )
+        if problem := config_problem(config):  # an override out of range, e.g. a window < S
+            raise EdgememError(f"memory settings: {problem}")
         armt = ARMT(loaded.model, config)
         if tensors is not None:
             armt.load_adapter_tensors(tensors)

@@ -195,6 +195,9 @@ class TrainConfig:
     corpora: tuple[str, ...] = ("linux-doc", "python-doc", "gnu-manuals")
     corpus_tokens: int = 2_000_000  # how much of the train split to tokenize for the haystacks
     init: str = ""  # an adapter (.safetensors) whose weights start the run; "" : fresh memory
+    # the adapter's answer window (ARMTConfig.answer_window; 0: off): what a run trained with an
+    # unwritten tail (Stage.tail, p_view) tells `ask` and `eval` to leave beside the question
+    answer_window: int = 0
 
     def __post_init__(self) -> None:
         if self.backbone not in ("frozen", "lora", "full"):
@@ -208,6 +211,12 @@ class TrainConfig:
             raise EdgememError(f"data_workers must be 0 or more, not {self.data_workers}")
         if self.micro_batch < 0:
             raise EdgememError(f"micro_batch must be 0 (the whole batch) or more, not {self.micro_batch}")
+        S = self.stages[-1].segment_len  # the adapter's segment length
+        if self.answer_window and not S <= self.answer_window <= 1 << 20:
+            raise EdgememError(
+                f"answer_window must be 0 (off) or from the last stage's segment_len ({S}) to "
+                f"{1 << 20}, not {self.answer_window}"
+            )
         if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 
@@ -807,6 +816,7 @@ OPERATIONAL = (
     "eval_segments",
     "eval_seed",
     "init",  # only seeds step 0: a resume loads the checkpoint, and the adapter pins the init's sha256
+    "answer_window",  # how the adapter answers, not what it learns (the batches hold the tails)
 )
 
 
@@ -1050,6 +1060,7 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         "norm_inputs": config.norm_inputs,
         "write_source": config.write_source,
         "read_gate": config.read_gate,
+        "answer_window": config.answer_window,
     }
     if config.memory_layers:
         overrides["memory_layers"] = config.memory_layers
@@ -1060,7 +1071,12 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         init_config, tensors = read_adapter(Path(config.init))
         if init_config.read_gate and not config.read_gate:
             raise EdgememError(f"init adapter {config.init} has a read gate: set read_gate = true")
-        same_memory = replace(init_config, segment_len=armt.config.segment_len, read_gate=config.read_gate)
+        same_memory = replace(
+            init_config,
+            segment_len=armt.config.segment_len,
+            read_gate=config.read_gate,
+            answer_window=config.answer_window,
+        )
         if same_memory != armt.config:
             raise EdgememError(
                 f"init adapter {config.init} has another memory (layers, size, LoRA) than this config's"

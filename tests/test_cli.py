@@ -125,13 +125,16 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
     assert removed.exit_code == 0 and not state_file.exists()
 
     # an answer window is part of the memory config: its states are another library entry, with
-    # the whole segments before the window written; one shorter than a segment is refused
+    # the whole segments before the window written; one shorter than a segment, or past the
+    # config's bounds (as a damaged adapter's would be), is refused in one line
     windowed = run("ingest", str(doc), "--segment-len", "256", "--answer-window", "1024")
     assert windowed.exit_code == 0 and "ingested" in windowed.stderr, windowed.output
     tokens = int(re.search(r"ingested: ([\d,]+) tokens", forced.stderr).group(1).replace(",", ""))
     assert f"{-(-(tokens - 1024) // 256)} segments written" in windowed.stderr
     assert f"{(tokens - 1) // 256} segments written" in forced.stderr
-    assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", "64"), "answer window 64")
+    assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", "64"), "answer_window 64")
+    assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", str(1 << 21)), "answer_window")
+    assert_one_line_error(run("ask", str(doc), "What?", "--segment-len", str(1 << 17)), "segment_len")
 
 
 @pytest.mark.real_model

@@ -744,6 +744,24 @@ def test_norm_inputs_and_write_source_reach_the_memory_and_its_adapter(tmp_path)
     assert saved.norm_inputs and saved.write_source == "segment"
 
 
+def test_a_configs_answer_window_is_the_adapters_and_may_be_set_on_a_resume_or_an_init(tmp_path):
+    """A run trained to answer from an unwritten window (Stage.tail, p_view) says so in its adapter,
+    so `ask` and `eval` answer that way without --answer-window; the window does not change what
+    trains: a run resumes with it set, an init adapter of the same memory with another window loads,
+    and a window shorter than the last stage's segments is refused in one line."""
+    plain = tiny_config(steps=2, backbone="lora")
+    run = tiny_run(plain, tmp_path / "a")
+    train(plain, run, max_steps=1)
+    windowed = replace(plain, answer_window=8)
+    run = tiny_run(windowed, tmp_path / "a")
+    assert train(windowed, run) == 2  # a resume: same training, the adapter now answers windowed
+    assert read_adapter(tmp_path / "a" / "adapter.safetensors")[0].answer_window == 8
+    follow = replace(plain, init=str(tmp_path / "a" / "adapter.safetensors"))
+    assert build_armt(tiny_llama(), follow).config.answer_window == 0  # the config's, not the init's
+    with pytest.raises(EdgememError, match="answer_window"):
+        replace(plain, answer_window=3)  # segment_len 4
+
+
 def test_every_committed_training_config_parses_and_runs_on_its_recipe():
     """configs/train/*.toml are what the README and RESULTS tell people to run."""
     shipped = load_config(SHIPPED_CONFIG)
