@@ -279,8 +279,10 @@ def load_model(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype | None = No
             _build_cache(source, folder)
         try:
             model, tokenizer = _load_folder(folder, dtype)
-        except Exception:  # a damaged cache is rebuilt from the GGUF file, never trusted
-            shutil.rmtree(folder, ignore_errors=True)
+        except MemoryError:  # not the cache's fault: rebuilding would only need more
+            raise
+        except Exception:  # a damaged cache is rebuilt from the GGUF file, never trusted; the
+            # new folder replaces it whole, so a process loading it meanwhile reads one or the other
             _build_cache(source, folder)
             model, tokenizer = _load_folder(folder, dtype)
         content_id = json.loads((folder / "edgemem.json").read_text())["sha256"]
