@@ -200,7 +200,7 @@ def test_export_answer_window_overrides_the_adapters_and_says_so(tiny, tmp_path)
     assert Assistant.open_engine(bundle).runtime.config.answer_window == window
     assert Assistant.open_engine(tiny["bundle"]).runtime.config.answer_window == 0
     short = run(*args[:-1], tmp_path / "short", "--answer-window", SEGMENT - 1)
-    assert_one_line_error(short, f"answer window {SEGMENT - 1}")
+    assert_one_line_error(short, f"answer_window {SEGMENT - 1} is neither 0 nor")
     quantized = run(
         "export",
         "--from",

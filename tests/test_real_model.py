@@ -116,20 +116,21 @@ def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
     assert trained_right >= 3 and untrained_right <= 1, (trained_right, untrained_right)
 
 
-def test_a_damaged_model_cache_is_rebuilt_from_the_gguf_file(smol):
+def test_a_damaged_model_cache_is_rebuilt_from_the_gguf_file():
     """The dequantised cache is a copy of the GGUF file, never trusted: one whose weights were cut
     short (a crash, a full disk) is built again on the next load, with the same weights."""
     import os
 
     from edgemem.models import _cache_folder, resolve_source
 
+    before = load_model("smollm2-135m-instruct", dtype=torch.float32)  # the others wrap `smol`
     weights = _cache_folder(resolve_source("smollm2-135m-instruct")[1]) / "model.safetensors"
     size = weights.stat().st_size
-    cut = weights.with_name("cut")  # a new file in its place: `smol` still maps the old one
+    cut = weights.with_name("cut")  # a new file in its place: `before` still maps the old one
     with open(weights, "rb") as whole, open(cut, "wb") as half:
         half.write(whole.read(size // 2))
     os.replace(cut, weights)
     again = load_model("smollm2-135m-instruct", dtype=torch.float32)
-    assert weights.stat().st_size == size and again.model_id == smol.model_id
-    for (name, p), q in zip(smol.model.named_parameters(), again.model.parameters(), strict=True):
+    assert weights.stat().st_size == size and again.model_id == before.model_id
+    for (name, p), q in zip(before.model.named_parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q), name
