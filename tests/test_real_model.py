@@ -123,7 +123,7 @@ def test_a_damaged_model_cache_is_rebuilt_from_the_gguf_file():
 
     from edgemem.models import _cache_folder, resolve_source
 
-    before = load_model("smollm2-135m-instruct", dtype=torch.float32)  # the others wrap `smol`
+    before = load_model("smollm2-135m-instruct", dtype=torch.float32)  # `smol` is wrapped by ARMTs
     weights = _cache_folder(resolve_source("smollm2-135m-instruct")[1]) / "model.safetensors"
     size = weights.stat().st_size
     cut = weights.with_name("cut")  # a new file in its place: `before` still maps the old one
