@@ -528,6 +528,21 @@ def parse_config(text: str, owner: str) -> ARMTConfig:
     return config
 
 
+MAX_ANSWER_WINDOW = 1 << 20
+
+
+def answer_window_problem(window: object, segment_len: int) -> str | None:
+    """Why `window` cannot be an answer window over segments of `segment_len` tokens, or None: it is
+    0 (off) or a whole number of tokens from one segment up (`ARMTConfig.answer_window`)."""
+    whole = isinstance(window, int) and not isinstance(window, bool)
+    if whole and (window == 0 or segment_len <= window <= MAX_ANSWER_WINDOW):
+        return None
+    return (
+        f"answer_window {window!r} is neither 0 nor a whole number from segment_len ({segment_len}) "
+        f"to {MAX_ANSWER_WINDOW}"
+    )
+
+
 def config_problem(config: ARMTConfig) -> str | None:
     """What makes a memory config unusable (a forged or damaged file, or a user's override of its
     segment length or answer window), or None."""
@@ -548,11 +563,8 @@ def config_problem(config: ARMTConfig) -> str | None:
         return f"read_gate {config.read_gate!r} is not true or false"
     if config.write_source not in WRITE_SOURCES:
         return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
-    if not whole(config.answer_window, 0, 1 << 20) or 0 < config.answer_window < config.segment_len:
-        return (
-            f"answer_window {config.answer_window!r} is neither 0 nor a whole number from segment_len "
-            f"({config.segment_len}) to {1 << 20}"
-        )
+    if problem := answer_window_problem(config.answer_window, config.segment_len):
+        return problem
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha

@@ -51,6 +51,7 @@ from edgemem.armt import (
     ARMT,
     ARMTConfig,
     MemoryState,
+    answer_window_problem,
     prompt_ids,
     read_adapter,
     save_adapter,
@@ -211,12 +212,9 @@ class TrainConfig:
             raise EdgememError(f"data_workers must be 0 or more, not {self.data_workers}")
         if self.micro_batch < 0:
             raise EdgememError(f"micro_batch must be 0 (the whole batch) or more, not {self.micro_batch}")
-        S = self.stages[-1].segment_len  # the adapter's segment length
-        if self.answer_window and not S <= self.answer_window <= 1 << 20:
-            raise EdgememError(
-                f"answer_window must be 0 (off) or from the last stage's segment_len ({S}) to "
-                f"{1 << 20}, not {self.answer_window}"
-            )
+        # the adapter's segment length is the last stage's
+        if problem := answer_window_problem(self.answer_window, self.stages[-1].segment_len):
+            raise EdgememError(problem)
         if not (isinstance(self.autocast, bool) or self.autocast == "auto"):
             raise EdgememError(f'autocast must be true, false or "auto", not {self.autocast!r}')
 

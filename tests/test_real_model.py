@@ -134,3 +134,21 @@ def test_a_damaged_model_cache_is_rebuilt_from_the_gguf_file():
     assert weights.stat().st_size == size and again.model_id == before.model_id
     for (name, p), q in zip(before.model.named_parameters(), again.model.parameters(), strict=True):
         assert torch.equal(p, q), name
+
+
+def test_a_model_load_out_of_memory_is_raised_and_leaves_the_cache_alone(monkeypatch):
+    """Running out of memory while loading says nothing about the cache: the error reaches the caller
+    and the cache is not rebuilt (which would only need more memory, and a minute)."""
+    import edgemem.models as models
+
+    load_model("smollm2-135m-instruct", dtype=torch.float32)  # the cache exists
+    marker = models._cache_folder(models.resolve_source("smollm2-135m-instruct")[1]) / "edgemem.json"
+    built = marker.stat().st_mtime_ns
+
+    def out_of_memory(folder, dtype):
+        raise MemoryError
+
+    monkeypatch.setattr(models, "_load_folder", out_of_memory)  # the allocation failing, not the load
+    with pytest.raises(MemoryError):
+        load_model("smollm2-135m-instruct", dtype=torch.float32)
+    assert marker.stat().st_mtime_ns == built
