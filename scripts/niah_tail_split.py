@@ -6,14 +6,18 @@ answer segment shows the tail beside the question. This script rebuilds the test
 the given result files (from the prepared corpora, as `edgemem eval` does), tokenizes each
 context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
 over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
-place) per file, split by where the needle was, how often each file agrees with the first, and
-which digits a file's wrong 7-digit answers write in place of which, at which positions, and
-which digit a wrong first digit is written as:
+place) per file, split by where the needle was, how often each file agrees with the first, per
+length the items only a file or only the first answers, and which digits a file's wrong 7-digit
+answers write in place of which, at which positions, and which digit a wrong first digit is
+written as:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
+    python scripts/niah_tail_split.py A.jsonl B.jsonl --lengths 16k   # one bin's items only
 
-S is 128 (the shipped adapter's segment length; `--segment-len` for another).
+S is 128 (the shipped adapter's segment length; `--segment-len` for another). With
+`--answer-window W` the tail is what an adapter with that answer window leaves unwritten (its last
+W-S+1..W tokens), so "written" is the needles in memory of lines evaluated under the window.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from edgemem.armt import tokenize_stream
+from edgemem.armt import tokenize_stream, written_segments
 from edgemem.data.tasks import Builder
+from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
 from edgemem.scoring import near_miss
 
@@ -88,6 +93,22 @@ def wrong_first_digits(records: list[dict]) -> Counter:
     return Counter(digits[0] for digits, gold in _blurred(records) if digits[0] != gold[0])
 
 
+def only_right(runs: list[dict[str, dict]], shared: set[str]) -> dict[int, list[tuple[int, int]]]:
+    """Per length, for each file after the first: (items it answers and the first does not, items the
+    first answers and it does not), over `shared`."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for length in sorted({runs[0][i]["length"] for i in shared}):
+        ids = [i for i in shared if runs[0][i]["length"] == length]
+        out[length] = [
+            (
+                sum(run[i]["correct"] and not runs[0][i]["correct"] for i in ids),
+                sum(runs[0][i]["correct"] and not run[i]["correct"] for i in ids),
+            )
+            for run in runs[1:]
+        ]
+    return out
+
+
 def most_common(counts: Counter) -> str:
     return ", ".join(f"{d} x{n}" for d, n in counts.most_common())
 
@@ -96,11 +117,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path, help="niah.armt.jsonl result files")
     parser.add_argument("--segment-len", type=int, default=128)
+    parser.add_argument("--answer-window", type=int, default=0, help="the lines' answer window (0: none)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--lengths", type=parse_lengths, help="only these bins' items, e.g. 16k or 8k,16k")
     args = parser.parse_args()
 
     runs = [{r["id"]: r for r in map(json.loads, f.read_text().splitlines())} for f in args.files]
     shared = set(runs[0]).intersection(*runs[1:])
+    if args.lengths:
+        shared = {i for i in shared if runs[0][i]["length"] in args.lengths}
     for line in corpora_note(runs, shared):
         print(line)
     tokenizer = load_tokenizer(args.model)
@@ -113,7 +138,8 @@ def main() -> None:
         for item in builder.build("niah", length, n):
             if item.id in wanted:
                 ids = [t for chunk in tokenize_stream([item.context], tokenizer) for t in chunk]
-                tail = tokenizer.decode(ids[(len(ids) - 1) // S * S :])  # type: ignore[attr-defined]
+                written = written_segments(len(ids), S, args.answer_window)
+                tail = tokenizer.decode(ids[written * S :])  # type: ignore[attr-defined]
                 where[item.id] = "tail" if item.answers[0] in tail else "written"
 
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (1 + 2 * len(runs)))
@@ -132,6 +158,9 @@ def main() -> None:
         verdict = sum(run[i]["correct"] == runs[0][i]["correct"] for i in shared)
         text = sum(run[i]["prediction"] == runs[0][i]["prediction"] for i in shared)
         print(f"  [{k}] against [0]: the same verdict on {verdict}, the same text on {text}")
+    for length, pairs in only_right(runs, shared).items():
+        cells = "  ".join(f"[{k}] {mine} / [0] {theirs}" for k, (mine, theirs) in enumerate(pairs, start=1))
+        print(f"{length // 1024:3d}k only right: {cells}")
     for key in sorted(counts, key=lambda k: (k[0] == "all", int(k[0][:-1]) if k[0] != "all" else 0, k[1])):
         cell = counts[key]
         cells = "  ".join(f"[{k}] {cell[1 + 2 * k]:3d} / {cell[2 + 2 * k]:3d}" for k in range(len(runs)))

@@ -1177,6 +1177,24 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
     ]
 
 
+def test_tail_split_counts_per_length_the_items_only_one_file_answers():
+    """RESULTS' "only right" columns: per length, the items file k answers and file 0 does not, and
+    the reverse (which a fall or rise of a bin's total is made of); items both answer or both miss
+    are not counted."""
+    module = load_script("niah_tail_split")
+
+    def line(length, correct):
+        return {"length": length, "correct": correct}
+
+    first = {"a": line(1024, True), "b": line(1024, False), "c": line(16384, True), "d": line(16384, True)}
+    other = {"a": line(1024, True), "b": line(1024, True), "c": line(16384, False), "d": line(16384, False)}
+    assert module.only_right([first, other, first], {"a", "b", "c", "d"}) == {
+        1024: [(1, 0), (0, 0)],
+        16384: [(0, 2), (0, 0)],
+    }
+    assert module.only_right([first, other], {"a", "b"}) == {1024: [(1, 0)]}
+
+
 def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_place():
     """`niah_digit_swap.py` asks whether the haystack's numbers set the digit armt writes wrong: it
     swaps two digits in the haystack only (the needle, its question and answers stay), everywhere or
