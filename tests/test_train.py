@@ -549,6 +549,66 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert not (tmp_path / "tiny.safetensors").exists()
 
 
+def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp_path):
+    """scripts/blend_adapters.py: alpha 0 and 1 give the parents' tensors exactly and 0.5 their mean;
+    the blend loads into the same model, takes the answer window asked for and records its parents;
+    adapters of another memory config or model are refused in one line, with nothing written."""
+    from edgemem.armt import ARMTConfig
+    from edgemem.files import read_safetensors
+
+    module = load_script("blend_adapters")
+    config = ARMTConfig(memory_layers=(1,), segment_len=8, num_write_tokens=2, d_mem=8, lora_rank=2)
+    files = []
+    for seed in (1, 2):
+        armt = ARMT(tiny_llama(), config)
+        torch.manual_seed(seed)
+        armt.load_adapter_tensors({k: torch.randn_like(v) for k, v in armt.adapter_tensors().items()})
+        files.append(tmp_path / f"p{seed}.safetensors")
+        save_adapter(armt, files[-1], {"model_id": "tiny"})
+    (_, a), (_, b) = read_adapter(files[0]), read_adapter(files[1])
+    for alpha, expect in ((0.0, a), (1.0, b), (0.5, {k: (a[k] + b[k]) / 2 for k in a})):
+        out = tmp_path / f"blend{alpha}.safetensors"
+        got_config, far = module.blend_files(files[0], files[1], alpha, out, answer_window=16)
+        blend_config, tensors = read_adapter(out)
+        assert got_config == blend_config == replace(config, answer_window=16)
+        assert all(torch.allclose(tensors[k], expect[k], atol=1e-6) for k in a)
+        assert set(far) == {"memory", "write_embeddings", "lora.A", "lora.B"} and min(far.values()) > 0
+    ARMT(tiny_llama(), blend_config).load_adapter_tensors(tensors)
+    meta, _ = read_safetensors(out, "adapter")
+    assert meta["model_id"] == "tiny" and json.loads(meta["blend"]) == {
+        "a": str(files[0]),
+        "a_sha256": sha256_file(files[0]),
+        "b": str(files[1]),
+        "b_sha256": sha256_file(files[1]),
+        "alpha": 0.5,
+        "alpha_lora": 0.5,
+    }
+    # --alpha-lora: the LoRA factors from one point of the line, the memory from another
+    module.blend_files(files[0], files[1], 0.5, out, alpha_lora=1.0)
+    _, tensors = read_adapter(out)
+    assert all(torch.equal(tensors[k], b[k]) for k in a if k.startswith("lora."))
+    assert all(
+        torch.allclose(tensors[k], (a[k] + b[k]) / 2, atol=1e-6) for k in a if not k.startswith("lora.")
+    )
+
+    other = tmp_path / "other.safetensors"
+    save_adapter(ARMT(tiny_llama(), replace(config, d_mem=4)), other, {"model_id": "tiny"})
+    gemma = tmp_path / "gemma.safetensors"
+    save_adapter(ARMT(tiny_llama(), config), gemma, {"model_id": "gemma"})
+    for second, alpha, why in (
+        (other, 0.5, "different memory configs"),
+        (gemma, 0.5, "different models"),
+        (files[1], 1.5, "alpha must be in"),
+    ):
+        with pytest.raises(EdgememError, match=why):
+            module.blend_files(files[0], second, alpha, tmp_path / "refused.safetensors")
+    assert not (tmp_path / "refused.safetensors").exists()
+    assert (
+        module.main([str(files[0]), str(other), "--alpha", "0.5", "--out", str(tmp_path / "x.safetensors")])
+        == 1
+    )
+
+
 def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
     """Every step line of the log records its precision and torch threads, and the card's hardware
     line says them from the log: a run resumed with another thread count says which steps ran how
