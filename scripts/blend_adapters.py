@@ -13,9 +13,11 @@ The LoRA factors are blended one by one, so the blended update B_alpha A_alpha i
 blend of the two updates: it differs by alpha (1 - alpha) (B1 - B0)(A1 - A0), small when the
 factors are close (the script prints each group's distance relative to A). The two adapters must
 have the same memory config (answer window aside; `--answer-window` sets the blend's) and the same
-tensor names and shapes. `--alpha-lora` gives the LoRA factors their own alpha (the memory and the
-write embeddings keep `--alpha`): the backbone's update and the memory can come from different
-points of the line. The blend records both parents' sha256 and both alphas in its metadata.
+tensor names and shapes. The blend keeps B's model id and training metadata, so
+`scripts/ship_adapter.py` can ship it with a card that says it is a blend. `--alpha-lora` gives
+the LoRA factors their own alpha (the memory and the write embeddings keep `--alpha`): the
+backbone's update and the memory can come from different points of the line. The blend records
+both parents' sha256 and both alphas in its metadata.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from edgemem.errors import EdgememError  # noqa: E402
 from edgemem.files import atomic_write_bytes, read_safetensors, sha256_file  # noqa: E402
 
 Tensors = dict[str, torch.Tensor]
+# B's metadata that the blend keeps: its model and its last run (scripts/ship_adapter.py's card says
+# that those training lines are B's and what the blend is)
+TRAINING_METADATA = ("model_id", "train_config", "train_steps", "init_sha256")
 
 
 def blend(a: Tensors, b: Tensors, alpha: float, alpha_lora: float | None = None) -> Tensors:
@@ -99,6 +104,7 @@ def blend_files(
         raise EdgememError(problem)
     tensors = blend(tensors_a, tensors_b, alpha, alpha_lora)
     metadata = {
+        **{k: meta_b[k] for k in TRAINING_METADATA if k in meta_b},
         "format": ADAPTER_FORMAT,
         "config": config.to_json(),
         "blend": json.dumps(
@@ -112,8 +118,6 @@ def blend_files(
             }
         ),
     }
-    if "model_id" in meta_b:
-        metadata["model_id"] = meta_b["model_id"]
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out, save(tensors, metadata=metadata))
     return config, distances(tensors_a, tensors_b)

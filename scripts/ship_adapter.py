@@ -181,34 +181,55 @@ def data_line(train_config: dict) -> str:
     )
 
 
-def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
-    """The card's line on where the run started. When the init file is still there with the hash
-    the run recorded, it also says which step of which stages that adapter was (its own metadata)."""
+def origin(path: str, sha: str, out: Path) -> str:
+    """Where an adapter came from, for the card: its path (or "shipped before at this path") and
+    sha256; while the file is there with that hash, also which step of which stages it was (its own
+    metadata), else that an earlier recipe trained it."""
     from edgemem.errors import EdgememError
     from edgemem.files import sha256_file
 
-    init = train_config.get("init")
-    if not init:
-        return []
-    sha = meta.get("init_sha256", "?")
     where = (
         "the adapter shipped before this one at this path (in git history)"
-        if Path(init).resolve() == out.resolve()
-        else f"the adapter `{init}`"
+        if Path(path).resolve() == out.resolve()
+        else f"the adapter `{path}`"
     )
-    line = f"- Started from {where} (sha256 `{sha[:16]}`)"
+    line = f"{where} (sha256 `{sha[:16]}`)"
     try:
-        if Path(init).is_file() and sha256_file(Path(init)) == sha:
-            earlier, _ = read_safetensors(Path(init), "adapter")
+        if Path(path).is_file() and sha256_file(Path(path)) == sha:
+            earlier, _ = read_safetensors(Path(path), "adapter")
             stages = json.loads(earlier["train_config"])["stages"]
             steps = ", ".join(f"{s['name']} {s['steps']}" for s in stages)
-            return [
+            return (
                 f"{line}: step {int(earlier['train_steps'])} of its own run (stages and steps: {steps}; "
-                "its whole training config is in that file's metadata)."
-            ]
+                "its whole training config is in that file's metadata)"
+            )
     except (EdgememError, KeyError, OSError, ValueError):
         pass
-    return [f"{line}, trained by an earlier recipe."]
+    return f"{line}, trained by an earlier recipe"
+
+
+def init_line(train_config: dict, meta: dict[str, str], out: Path) -> list[str]:
+    """The card's line on where the run started (`origin` of its init adapter)."""
+    init = train_config.get("init")
+    return [f"- Started from {origin(init, meta.get('init_sha256', '?'), out)}."] if init else []
+
+
+def blend_line(meta: dict[str, str], out: Path) -> list[str]:
+    """For an adapter made by scripts/blend_adapters.py: what it blends (`origin` of both parents)
+    and that the card's training lines are its second parent's run."""
+    if "blend" not in meta:
+        return []
+    blend = json.loads(meta["blend"])
+    alpha, alpha_lora = blend["alpha"], blend["alpha_lora"]
+    weights = f"{1 - alpha:g} A + {alpha:g} B" + (
+        "" if alpha_lora == alpha else f" (the LoRA factors {1 - alpha_lora:g} A + {alpha_lora:g} B)"
+    )
+    a, b = origin(blend["a"], blend["a_sha256"], out), origin(blend["b"], blend["b_sha256"], out)
+    return [
+        f"- A blend of two adapters (`scripts/blend_adapters.py`): every tensor {weights}, where A is "
+        f"{a} and B is {b}. "
+        "The training lines below (start, steps, tokens, hardware, stages, held-out recall) are B's run."
+    ]
 
 
 def ship(
@@ -235,7 +256,7 @@ def ship(
         if err > 1e-3 * max(1.0, float(tensor.abs().max())):
             raise SystemExit(f"{name}: float16 moves it by {err:g}; ship float32 instead")
     out = out_dir / f"{model}.safetensors"
-    card_init = init_line(train_config, meta, out)  # before `out` is replaced
+    card_init = blend_line(meta, out) + init_line(train_config, meta, out)  # before `out` is replaced
     metadata = {**meta, "format": ADAPTER_FORMAT}
     if not same_file_content(out, half, metadata):  # safetensors orders metadata differently per run:
         atomic_write_bytes(out, save(half, metadata=metadata))  # keep the bytes (and eval id) when equal

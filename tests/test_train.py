@@ -719,6 +719,34 @@ def test_ship_adapter_card_says_which_step_of_which_stages_a_run_started_from(tm
     assert "of its own run" not in card and "trained by an earlier recipe." in card
 
 
+def test_ship_adapter_card_of_a_blend_names_both_parents_and_whose_run_it_describes(tmp_path):
+    """A blend (scripts/blend_adapters.py) ships like a trained adapter: it keeps its second
+    parent's model id and training metadata, and its card says it is a blend, of which two adapters
+    (each with its step and stages) at which weights, and that the training lines are B's run."""
+    ship, blender = load_script("ship_adapter"), load_script("blend_adapters")
+    first = tiny_config(steps=3, backbone="lora")
+    train(first, tiny_run(first, tmp_path / "a"))
+    a = tmp_path / "a" / "adapter.safetensors"
+    follow = replace(tiny_config(steps=2, backbone="lora"), init=str(a))
+    train(follow, tiny_run(follow, tmp_path / "b"))
+    b, blend = tmp_path / "b" / "adapter.safetensors", tmp_path / "blend.safetensors"
+    blender.blend_files(a, b, 0.75, blend, alpha_lora=1.0)
+    out = tmp_path / "adapters"
+    out.mkdir()
+    shipped, _ = ship.ship(blend, tmp_path / "b", [], out, "ship")
+    card = shipped.with_suffix(".md").read_text()
+    stages = ", ".join(f"{s.name} {s.steps}" for s in first.stages)
+    assert (
+        "every tensor 0.25 A + 0.75 B (the LoRA factors 0 A + 1 B), where A is the adapter "
+        f"`{a}` (sha256 `{sha256_file(a)[:16]}`): step 3 of its own run (stages and steps: {stages};"
+    ) in card
+    assert f"and B is the adapter `{b}` (sha256 `{sha256_file(b)[:16]}`): step 2 of its own run" in card
+    assert "are B's run." in card and "Trained for 2 of the recipe's 2 steps" in card
+    assert f"- Started from the adapter `{a}`" in card  # B's own start
+    ship.ship(b, tmp_path / "b", [], out, "ship")
+    assert "A blend" not in shipped.with_suffix(".md").read_text()
+
+
 def test_ship_adapter_card_command_reads_back_every_eval_file():
     """The card records how the adapter shipped; run again, that command must summarise the same
     evaluation files (a repeated `--eval` would keep only the last one)."""
