@@ -184,15 +184,12 @@ def data_line(train_config: dict) -> str:
 def origin(path: str, sha: str, out: Path) -> str:
     """Where an adapter came from, for the card: its path (or "shipped before at this path") and
     sha256; while the file is there with that hash, also which step of which stages it was (its own
-    metadata), else that an earlier recipe trained it."""
+    metadata), else that an earlier recipe trained it (or, shipped before, that its card says how)."""
     from edgemem.errors import EdgememError
     from edgemem.files import sha256_file
 
-    where = (
-        "the adapter shipped before this one at this path (in git history)"
-        if Path(path).resolve() == out.resolve()
-        else f"the adapter `{path}`"
-    )
+    before = Path(path).resolve() == out.resolve()
+    where = "the adapter shipped before this one at this path" if before else f"the adapter `{path}`"
     line = f"{where} (sha256 `{sha[:16]}`)"
     try:
         if Path(path).is_file() and sha256_file(Path(path)) == sha:
@@ -205,6 +202,8 @@ def origin(path: str, sha: str, out: Path) -> str:
             )
     except (EdgememError, KeyError, OSError, ValueError):
         pass
+    if before:  # replaced by this one (a re-ship): its own card, in git history, says how it was trained
+        return f"{line}, in git history with the card that says how it was trained"
     return f"{line}, trained by an earlier recipe"
 
 
@@ -227,7 +226,7 @@ def blend_line(meta: dict[str, str], out: Path) -> list[str]:
     a, b = origin(blend["a"], blend["a_sha256"], out), origin(blend["b"], blend["b_sha256"], out)
     return [
         f"- A blend of two adapters (`scripts/blend_adapters.py`): every tensor {weights}, where A is "
-        f"{a} and B is {b}. "
+        f"{a}; B is {b}. "
         "The training lines below (start, steps, tokens, hardware, stages, held-out recall) are B's run."
     ]
 

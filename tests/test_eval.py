@@ -530,7 +530,9 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
         json.loads(x)
         for x in (results / f"smollm2-135m-instruct/niah.armt-s{segment_len}.jsonl").read_text().splitlines()
     ]
-    assert all(r["memory_mb"] < r["kv_full_mb"] + 6 for r in armt)
+    # armt holds its state (5.3 MB) and the KV of what the answer reads: the tail (with the shipped
+    # adapter's answer window all of a 1k item), the question's chat template and the answer
+    assert all(r["memory_mb"] < r["kv_full_mb"] + 8 for r in armt)
     assert {r["adapter"] for r in armt} == {adapter_id("smollm2-135m-instruct", None)}
     assert {r["segment_len"] for r in armt} == {segment_len}  # each armt line says how it was read
     rows = summarize(load_records(results))

@@ -87,11 +87,13 @@ def test_bench_ingest_writes_paired_results(tmp_path):
 
 
 def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
-    """The adapter edgemem ships (and loads by default) recalls 7-digit needles from real prose
-    1k tokens long (8 segments of 128: the needle is written into the memory, not in the tail the
-    answer sees); a fresh memory around the same model does not."""
+    """The adapter edgemem ships (and loads by default, with its own answer window) recalls 7-digit
+    needles from real prose 2k tokens long whose needle lies in the written part (segments of 128
+    before the window: the answer sees it only through the memory); a fresh memory around the same
+    model, with the same window, does not."""
     from test_tasks import LICENSES, _write
 
+    from edgemem.armt import written_segments
     from edgemem.assistant import Assistant, shipped_adapter
     from edgemem.data.tasks import Builder
     from edgemem.methods import ARMTMethod
@@ -103,17 +105,23 @@ def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
     _write(root, "linux-doc", prose)
     assistant = Assistant.open("smollm2-135m-instruct", dtype=torch.float32)
     assert assistant.adapter_path == shipped_adapter("smollm2-135m-instruct") is not None
-    tokenizer = assistant.loaded.tokenizer
-    items = list(Builder(tokenizer, root, prose=("linux-doc",), code=()).build("niah", 1024, 4))
+    config, tokenizer = assistant.armt.config, assistant.loaded.tokenizer
+    built = Builder(tokenizer, root, prose=("linux-doc",), code=()).build("niah", 2048, 8)
+    items = [it for it in built if it.meta["depth"] < 0.4]  # items 0, 2, 5, 7
+    for it in items:  # the needle ends before the tokens the answer sees
+        before = len(tokenizer(it.context[: it.context.index(it.passage) + len(it.passage)])["input_ids"])
+        n = len(tokenizer(it.context)["input_ids"])
+        assert before < written_segments(n, config.segment_len, config.answer_window) * config.segment_len
     fresh = load_model("smollm2-135m-instruct", dtype=torch.float32)
-    untrained = ARMT(fresh.model, ARMTConfig.for_model(30, segment_len=assistant.armt.config.segment_len))
+    same = {"segment_len": config.segment_len, "answer_window": config.answer_window}
+    untrained = ARMT(fresh.model, ARMTConfig.for_model(30, **same))
 
     def right(armt: ARMT) -> int:
         method = ARMTMethod(armt, tokenizer)
         return sum(score("niah", method.predict(it, 16).text, it.answers).correct for it in items)
 
     trained_right, untrained_right = right(assistant.armt), right(untrained)
-    assert trained_right >= 3 and untrained_right <= 1, (trained_right, untrained_right)
+    assert len(items) == 4 and trained_right >= 3 and untrained_right <= 1, (trained_right, untrained_right)
 
 
 def test_a_damaged_model_cache_is_rebuilt_from_the_gguf_file():

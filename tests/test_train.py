@@ -740,11 +740,21 @@ def test_ship_adapter_card_of_a_blend_names_both_parents_and_whose_run_it_descri
         "every tensor 0.25 A + 0.75 B (the LoRA factors 0 A + 1 B), where A is the adapter "
         f"`{a}` (sha256 `{sha256_file(a)[:16]}`): step 3 of its own run (stages and steps: {stages};"
     ) in card
-    assert f"and B is the adapter `{b}` (sha256 `{sha256_file(b)[:16]}`): step 2 of its own run" in card
+    assert f"; B is the adapter `{b}` (sha256 `{sha256_file(b)[:16]}`): step 2 of its own run" in card
     assert "are B's run." in card and "Trained for 2 of the recipe's 2 steps" in card
     assert f"- Started from the adapter `{a}`" in card  # B's own start
     ship.ship(b, tmp_path / "b", [], out, "ship")
     assert "A blend" not in shipped.with_suffix(".md").read_text()
+    # A blend with the adapter it replaces: the card says so, first from that file, then (re-shipped,
+    # the file there now this one) from git history
+    shipped.write_bytes(a.read_bytes())
+    a_sha = sha256_file(shipped)[:16]
+    blender.blend_files(shipped, b, 0.5, blend)
+    ship.ship(blend, tmp_path / "b", [], out, "ship")
+    before = f"A is the adapter shipped before this one at this path (sha256 `{a_sha}`)"
+    assert f"{before}: step 3 of its own run" in shipped.with_suffix(".md").read_text()
+    ship.ship(blend, tmp_path / "b", [], out, "ship")
+    assert f"{before}, in git history with the card" in shipped.with_suffix(".md").read_text()
 
 
 def test_ship_adapter_card_command_reads_back_every_eval_file():

@@ -33,6 +33,8 @@ def test_real_model_folder_ingest_streamed_answer_and_history_after_restart(tmp_
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "scanner.py").write_text((STDLIB / "json" / "scanner.py").read_text())
+    # about 4k tokens in all: more than the shipped adapter's answer window, so segments are written
+    (folder / "decoder.py").write_text((STDLIB / "json" / "decoder.py").read_text())
     (folder / "NOTES.md").write_text("# Notes\n\nThe JSON scanner turns text into Python objects.\n")
     config = tmp_path / "config.toml"  # its own settings; the library and model cache are the session's
     save_settings(Settings(max_new_tokens=24), config)
