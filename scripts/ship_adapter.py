@@ -13,6 +13,9 @@ float16 halves the file; the script checks that no tensor moves by more than flo
 `--answer-window N` ships the adapter with that answer window in its memory config
 (`ARMTConfig.answer_window`: `edgemem ask` and `edgemem eval` then answer with it by default);
 evaluate it first with `edgemem eval --adapter <file> --answer-window N`.
+A blend (`scripts/blend_adapters.py`) ships the same way, with `--run` its second parent's run
+folder: the card says it is a blend, of which two adapters at which weights, and that its
+training lines are that run's.
 """
 
 from __future__ import annotations
