@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Blend two adapters of one lineage: every tensor (1 - alpha) * A + alpha * B, written as a new adapter.
 
-    python scripts/blend_adapters.py edgemem/adapters/smollm2-135m-instruct.safetensors \\
-        runs/smollm2-135m-view-long-cpu2/adapter.safetensors --alpha 0.5 --out runs/blend/a050.safetensors
+    mkdir -p runs/smollm2-135m && git show 13a97e1:edgemem/adapters/smollm2-135m-instruct.safetensors \\
+        > runs/smollm2-135m/recall-longer-step24.f16.safetensors
+    python scripts/blend_adapters.py runs/smollm2-135m/recall-longer-step24.f16.safetensors \\
+        runs/smollm2-135m-view-long-cpu2/adapter.safetensors --alpha 0.75 --answer-window 1024 \\
+        --out runs/blend/a075.safetensors
 
 Weight interpolation between a model and its fine-tuned descendant (WiSE-FT, model soups) often
-keeps some of what each endpoint does well. Here A is meant to be the shipped adapter (needles
-recalled at 16k-32k, docqa lost) and B a descendant trained for the answer window (docqa at
-`window`, fewer needles past 8k): the blend asks whether one point between them keeps both.
+keeps some of what each endpoint does well. The adapter shipped since 2026-12-05 is the blend
+above: A the needle adapter shipped before it (needles recalled at 16k-32k, docqa lost), B a
+descendant trained for the answer window (docqa at `window`, fewer needles past 8k); see
+docs/RESULTS.md, "Thirty-sixth session".
 
 The LoRA factors are blended one by one, so the blended update B_alpha A_alpha is not exactly the
 blend of the two updates: it differs by alpha (1 - alpha) (B1 - B0)(A1 - A0), small when the
@@ -46,8 +50,8 @@ TRAINING_METADATA = ("model_id", "train_config", "train_steps", "init_sha256")
 
 
 def blend(a: Tensors, b: Tensors, alpha: float, alpha_lora: float | None = None) -> Tensors:
-    """(1 - alpha) * a + alpha * b per tensor, in float32 (alpha 0 gives a, 1 gives b exactly); the
-    LoRA factors (`lora.*`) with `alpha_lora` instead where it is given."""
+    """(1 - alpha) * a + alpha * b per tensor, in float32 (`torch.lerp`: alpha 0 gives a, 1 gives b
+    exactly); the LoRA factors (`lora.*`) with `alpha_lora` instead where it is given."""
     alpha_lora = alpha if alpha_lora is None else alpha_lora
     for value in (alpha, alpha_lora):
         if not 0.0 <= value <= 1.0:
@@ -61,7 +65,7 @@ def blend(a: Tensors, b: Tensors, alpha: float, alpha_lora: float | None = None)
         if x.shape != y.shape:
             raise EdgememError(f"tensor {name}: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
         t = alpha_lora if name.startswith("lora.") else alpha
-        out[name] = torch.lerp(x.float(), y.float(), t) if 0.0 < t < 1.0 else (x, y)[int(t)].float()
+        out[name] = torch.lerp(x.float(), y.float(), t)
     return out
 
 

@@ -572,6 +572,8 @@ def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp
         blend_config, tensors = read_adapter(out)
         assert got_config == blend_config == replace(config, answer_window=16)
         assert all(torch.allclose(tensors[k], expect[k], atol=1e-6) for k in a)
+        if alpha in (0.0, 1.0):  # the parents themselves, bit for bit
+            assert all(torch.equal(tensors[k], expect[k].float()) for k in a)
         assert set(far) == {"memory", "write_embeddings", "lora.A", "lora.B"} and min(far.values()) > 0
     ARMT(tiny_llama(), blend_config).load_adapter_tensors(tensors)
     meta, _ = read_safetensors(out, "adapter")
