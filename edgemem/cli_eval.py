@@ -23,6 +23,21 @@ eval_app = typer.Typer(
 )
 
 ResultsOpt = Annotated[Path, typer.Option("--results", help="Results folder (JSONL per model/task/method).")]
+SplitOpt = Annotated[
+    str,
+    typer.Option(
+        help="Items of the test split (the reported figures) or validation (for choosing adapters)."
+    ),
+]
+
+
+def _eval_split(split: str) -> str:
+    """`split` if an eval may draw items from it; else a one-line error."""
+    from edgemem.evaluate import EVAL_SPLITS
+
+    if split not in EVAL_SPLITS:
+        raise EdgememError(f"unknown --split {split!r}: choose {' or '.join(EVAL_SPLITS)}")
+    return split
 
 
 @data_app.command("prepare")
@@ -45,6 +60,7 @@ def data_show(
     index: Annotated[int, typer.Option(help="Item index.")] = 0,
     n: Annotated[int, typer.Option("-n", help="Items in the bin (depths are spread over them).")] = 10,
     model: ModelOpt = "smollm2-135m-instruct",
+    split: SplitOpt = "test",
 ) -> None:
     """Print one task item as JSON (context shortened), to see what a method is asked."""
     from edgemem.data.tasks import TASKS, Builder
@@ -54,7 +70,7 @@ def data_show(
     (bin_,) = parse_lengths(length)
     if task not in TASKS:
         raise EdgememError(f"unknown task {task!r}: choose from {', '.join(TASKS)}")
-    it = Builder(load_tokenizer(model)).item(task, bin_, index, n)
+    it = Builder(load_tokenizer(model), split=_eval_split(split)).item(task, bin_, index, n)
     data = it.to_json()
     ctx = data["context"]
     data["context"] = (
@@ -88,10 +104,12 @@ def eval_run(
     ] = 1,
     segment_len: SegmentOpt = None,
     answer_window: AnswerWindowOpt = None,
+    split: SplitOpt = "test",
 ) -> None:
     """Run one method on n items per length bin of a task; results append to a JSONL (resumable).
     armt with --segment-len N reads in N-token segments and has its own results (`armt-sN`); with
-    --answer-window N it leaves a context's last N tokens unwritten beside the question (`armt-wN`)."""
+    --answer-window N it leaves a context's last N tokens unwritten beside the question (`armt-wN`);
+    --split validation runs the validation split's items (`armt-val`, `window-val`)."""
     if ctx.invoked_subcommand is not None:
         return
     if task is None:
@@ -109,6 +127,7 @@ def eval_run(
     if dtype not in dtypes:
         raise EdgememError(f"unknown --dtype {dtype!r}: choose from {', '.join(dtypes)}")
     bins = parse_lengths(lengths)
+    split = _eval_split(split)
     report = run(
         task,
         bins,
@@ -123,6 +142,7 @@ def eval_run(
         batch=batch,
         segment_len=segment_len,
         answer_window=answer_window,
+        split=split,
     )
     done = f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}"
     beside = f", {report.elsewhere} run by another eval beside this one" if report.elsewhere else ""

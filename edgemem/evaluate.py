@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from edgemem.methods import Prediction
 
 DEFAULT_RESULTS = Path("docs/eval")
+# The splits an eval draws items from: `test` (the reported figures) and `validation` (for choosing
+# between adapters, so the test items are not what a choice was fitted to). Training draws `train`.
+EVAL_SPLITS = ("test", "validation")
 # The adapter of armt lines run with a fresh memory (and of lines from before it was recorded).
 UNTRAINED = "untrained"
 MAX_NEW_TOKENS = {"niah": 32, "niah-mk": 32, "niah-mv": 96, "vt": 64, "docqa": 8, "types": 16}
@@ -59,25 +62,34 @@ def parse_lengths(text: str) -> list[int]:
 
 
 def method_label(
-    method: str, engine: str, segment_len: int | None = None, answer_window: int | None = None
+    method: str,
+    engine: str,
+    segment_len: int | None = None,
+    answer_window: int | None = None,
+    split: str = "test",
 ) -> str:
     """The results file's and the table's name for a run: `armt` (`armt-s64` read in 64-token
     segments instead of the adapter's own, `armt-w768` with an answer window of 768 tokens instead
-    of the adapter's own, `armt-s64-w768` both), `window` (llama.cpp) or `window-hf`, ..."""
+    of the adapter's own, `armt-s64-w768` both), `window` (llama.cpp) or `window-hf`, ...; on the
+    validation split's items `-val` after it (`armt-val`, `window-val`): item ids do not name their
+    split, so its lines need their own file and row."""
+    if split not in EVAL_SPLITS:
+        raise EdgememError(f"unknown split {split!r}: evaluate on {' or '.join(EVAL_SPLITS)}")
+    val = "-val" if split == "validation" else ""
     if method == "armt":
         window = f"-w{answer_window}" if answer_window is not None else ""
-        return "armt" + (f"-s{segment_len}" if segment_len is not None else "") + window
+        return "armt" + (f"-s{segment_len}" if segment_len is not None else "") + window + val
     if segment_len is not None:
         raise EdgememError(f"--segment-len is for armt only, not {method}")
     if answer_window is not None:
         raise EdgememError(f"--answer-window is for armt only, not {method}")
-    return method if engine == "llama" else f"{method}-{engine}"
+    return (method if engine == "llama" else f"{method}-{engine}") + val
 
 
 def is_armt(label: str) -> bool:
-    """A results label of the memory (`armt`, `armt-s64`, `armt-w768`), whose lines are kept apart
-    by memory."""
-    return label == "armt" or label.startswith(("armt-s", "armt-w"))
+    """A results label of the memory (`armt`, `armt-s64`, `armt-w768`, `armt-val`), whose lines are
+    kept apart by memory."""
+    return label == "armt" or label.startswith("armt-")
 
 
 def _model_dir_name(model: str) -> str:
@@ -213,6 +225,7 @@ def run(
     segment_len: int | None = None,
     corpora: str | None = None,
     answer_window: int | None = None,
+    split: str = "test",
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
     torch weights' dtype (None: the machine's preferred one); each line records the one used.
@@ -221,6 +234,8 @@ def run(
     `answer_window` (armt only): answer with that window instead of the adapter's own
     (`ARMTConfig.answer_window`); label `armt-w768`. Every armt line records how it answered
     (`answer`: `tail-written`, or `window768-unwritten`).
+    `split`: `validation` draws the validation split's items (other documents and seeds) into their
+    own file and row (`armt-val`); their lines record the split.
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
     lines record it, and an item is done only for its build. Two runs of one bin into one results
     file (two processes, one per core) share its items: each claims the next item the other neither
@@ -234,7 +249,7 @@ def run(
     from edgemem.models import load_tokenizer
 
     fix_mmap_threshold()
-    label = method_label(method, engine, segment_len, answer_window)
+    label = method_label(method, engine, segment_len, answer_window, split)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     armt_fields = {}
@@ -243,7 +258,7 @@ def run(
         armt_fields = {"adapter": memory, "answer": armt_answer(window)}
     corpora_id = corpora
     if items is None:
-        builder = Builder(load_tokenizer(model))
+        builder = Builder(load_tokenizer(model), split=split)
         corpora_id = builder.corpora_id(task)
 
         def items(length: int) -> list[Item]:
@@ -284,6 +299,7 @@ def run(
                     extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
                     extra |= {"segment_len": runner.armt.config.segment_len} if method == "armt" else {}  # type: ignore[attr-defined]
                     extra |= {"corpora": corpora_id} if corpora_id is not None else {}
+                    extra |= {"split": split} if split != "test" else {}
                     for item, pred in zip(group, predictions, strict=True):
                         sc = score(task, pred.text, item.answers)
                         record = result_record(item, pred, sc, model, label, seconds, len(group))

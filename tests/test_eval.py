@@ -396,6 +396,28 @@ def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
     ]
 
 
+def test_validation_items_have_their_own_label_file_and_row(tmp_path):
+    """`--split validation` draws items whose ids are the test items' (`niah-1024-0`) from other
+    documents and seeds: their lines go to their own file and row (`armt-val`, `window-val`), kept
+    apart by memory like armt's, so choosing between adapters never touches the test rows."""
+    from edgemem.evaluate import is_armt
+
+    assert method_label("armt", "hf", None, None, "validation") == "armt-val"
+    assert method_label("armt", "hf", 64, 1024, "validation") == "armt-s64-w1024-val"
+    assert method_label("window", "llama", split="validation") == "window-val"
+    assert method_label("window", "hf", split="test") == "window-hf"
+    assert is_armt("armt-val") and is_armt("armt-w1024-val") and not is_armt("window-val")
+    with pytest.raises(EdgememError, match="unknown split"):
+        method_label("armt", "hf", split="train")  # training's items are not an evaluation's
+    (tmp_path / "m").mkdir()
+    test = {**_record("armt", 1024, True), "id": "a", "adapter": "2222"}
+    val = {**_record("armt-val", 1024, False), "id": "a", "adapter": "2222", "split": "validation"}
+    (tmp_path / "m" / "niah.armt.jsonl").write_text(json.dumps(test) + "\n")
+    (tmp_path / "m" / "niah.armt-val.jsonl").write_text(json.dumps(val) + "\n")
+    rows = summarize(load_records(tmp_path))
+    assert [(r["method"], r["accuracy"]) for r in rows] == [("armt", 1.0), ("armt-val", 0.0)]
+
+
 def test_eval_cli_mistakes_are_one_line_errors():
     runner = CliRunner()
     for args, message in (
@@ -406,9 +428,11 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval", "--task", "niah", "--method", "window", "--batch", "4"], "only with armt"),
         (["eval", "--task", "niah", "--batch", "0"], "batch 0"),
         (["eval", "--task", "niah", "--method", "rag", "--segment-len", "64"], "armt only"),
+        (["eval", "--task", "niah", "--split", "train"], "unknown --split"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
         (["data", "show", "poems"], "unknown task"),
         (["data", "show", "niah", "5k"], "not a bin"),
+        (["data", "show", "niah", "--split", "dev"], "unknown --split"),
         (["data", "prepare", "wikipedia"], "unknown corpus"),
     ):
         result = runner.invoke(app, args)
@@ -521,6 +545,11 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
         assert again.ran == 0 and again.skipped == 2  # resumable: nothing runs twice
     # the same ids from another build are other haystacks: they run again
     assert run_slice("oracle", "hf", corpora="another-build").ran == 2
+    # the same ids on the validation split are other items: their own file, not skipped as done
+    val = run("niah", [1024], "oracle", 2, "smollm2-135m-instruct", "hf", None, results, log=lambda s: None,
+              items=lambda n: items, corpora=corpora, split="validation")  # fmt: skip
+    assert val.ran == 2 and val.path.name == "niah.oracle-hf-val.jsonl"
+    assert {json.loads(x)["split"] for x in val.path.read_text().splitlines()} == {"validation"}
     oracle = [
         json.loads(x)
         for x in (results / "smollm2-135m-instruct/niah.oracle-hf.jsonl").read_text().splitlines()
