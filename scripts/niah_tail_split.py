@@ -2,14 +2,14 @@
 """Where armt's niah answers fail: the needle written into memory, or left in the unwritten tail.
 
 An armt ingest writes every full segment and keeps the last 1..S tokens (the tail) unwritten; the
-answer segment shows the tail beside the question. This script rebuilds the test items behind
-the given result files (from the prepared corpora, as `edgemem eval` does), tokenizes each
-context as `ARMTMethod` does, and says whether the gold number is in the tail. It then counts,
-over the items every file holds, the correct answers and the near misses (5+ of 7 digits in
-place) per file, split by where the needle was, how often each file agrees with the first, per
-length the items only a file or only the first answers, and which digits a file's wrong 7-digit
-answers write in place of which, at which positions, and which digit a wrong first digit is
-written as:
+answer segment shows the tail beside the question. This script rebuilds the items behind the
+given result files (from the prepared corpora, as `edgemem eval` does; validation items for lines
+of `--split validation`), tokenizes each context as `ARMTMethod` does, and says whether the gold
+number is in the tail. It then counts, over the items every file holds, the correct answers and
+the near misses (5+ of 7 digits in place) per file, split by where the needle was, how often each
+file agrees with the first, per length the items only a file or only the first answers, and which
+digits a file's wrong 7-digit answers write in place of which, at which positions, and which
+digit a wrong first digit is written as:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -50,6 +50,15 @@ def corpora_note(runs: list[dict[str, dict]], shared: set[str]) -> list[str]:
         other = sum(len({run[i]["tokens"] for run in runs}) > 1 for i in ids)
         lines.append(f"  {length // 1024}k: token counts differ on {other} of {len(ids)} items")
     return lines
+
+
+def lines_split(runs: list[dict[str, dict]], shared: set[str]) -> str:
+    """The split the shared items' lines were drawn from (lines that record none: `test`); one id
+    is another item in each split, so lines of two splits are not compared (ValueError)."""
+    splits = {run[i].get("split", "test") for run in runs for i in shared} or {"test"}
+    if len(splits) > 1:
+        raise ValueError(f"the files' lines come from more than one split ({', '.join(sorted(splits))})")
+    return splits.pop()
 
 
 def _blurred(records: list[dict]) -> list[tuple[str, str]]:
@@ -128,8 +137,13 @@ def main() -> None:
         shared = {i for i in shared if runs[0][i]["length"] in args.lengths}
     for line in corpora_note(runs, shared):
         print(line)
+    splits = {run[i].get("split", "test") for run in runs for i in shared}  # lines before splits: test
+    if len(splits) > 1:
+        raise SystemExit(
+            f"error: the files' lines come from more than one split ({', '.join(sorted(splits))})"
+        )
     tokenizer = load_tokenizer(args.model)
-    builder = Builder(tokenizer)
+    builder = Builder(tokenizer, split=splits.pop() if splits else "test")
     S = args.segment_len
     where: dict[str, str] = {}
     for length in sorted({runs[0][i]["length"] for i in shared}):

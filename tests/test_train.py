@@ -1277,6 +1277,18 @@ def test_tail_split_notes_files_of_other_corpora_builds_and_where_token_counts_d
     ]
 
 
+def test_tail_split_rebuilds_the_split_its_lines_record_and_never_compares_two():
+    """`edgemem eval --split validation` lines share ids with the test items but are other items:
+    `niah_tail_split.py` rebuilds the split the lines record (test where they record none) and
+    refuses files whose shared lines come from two splits."""
+    module = load_script("niah_tail_split")
+    old, val = {"x": {"id": "x"}}, {"x": {"id": "x", "split": "validation"}}
+    assert module.lines_split([old, old], {"x"}) == "test"
+    assert module.lines_split([val, val], {"x"}) == "validation"
+    with pytest.raises(ValueError, match="more than one split"):
+        module.lines_split([old, val], {"x"})
+
+
 def test_tail_split_counts_per_length_the_items_only_one_file_answers():
     """RESULTS' "only right" columns: per length, the items file k answers and file 0 does not, and
     the reverse (which a fall or rise of a bin's total is made of); items both answer or both miss
