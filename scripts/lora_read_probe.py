@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Does the shipped adapter answer docqa again with its LoRA off in the answer pass only?
+"""Does an adapter answer docqa again with its LoRA off in the answer pass only?
 
-The shipped adapter (LoRA on every projection plus the memory, trained on needles only) answers
-docqa with numbers, even with the whole document in its context (docs/RESULTS.md, "Eighteenth
-session"). If the LoRA's change to the model, not the memory, is what loses copying a word from
-context, then writing with the LoRA and answering without it (or with it scaled by `--scale`)
-would give docqa back. Every memory write (the document's segments and its tail) keeps the full
-LoRA; only the answer segment and the generated tokens run with the LoRA scaled:
+The needle adapter shipped until the thirty-sixth session (LoRA on every projection plus the
+memory, trained on needles only; `git show 13a97e1:edgemem/adapters/smollm2-135m-instruct.safetensors`,
+pass it with `--adapter` to repeat the figures; without `--adapter` the probe reads the adapter
+shipped now) answers docqa with numbers, even with the whole document in its context
+(docs/RESULTS.md, "Eighteenth session"). If the LoRA's change to the model, not the memory, is
+what loses copying a word from context, then writing with the LoRA and answering without it (or
+with it scaled by `--scale`) would give docqa back. Every memory write (the document's segments
+and its tail) keeps the full LoRA; only the answer segment and the generated tokens run with the
+LoRA scaled:
 
     python scripts/lora_read_probe.py --scale 0 --task docqa --length 1k -n 20 --out docqa.jsonl
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Why an adapter under an answer window misses needles that sit in plain view.
 
-Every adapter answered niah 1k 0 of 20 under a 1024-token answer window, where the base model
-reading the same window answers 15 (docs/RESULTS.md, "Twenty-eighth session" on). This script
+Every adapter up to the thirtieth session answered niah 1k 0 of 20 under a 1024-token answer
+window, where the base model reading the same window answers 15 (docs/RESULTS.md, "Twenty-eighth
+session" to "Thirty-first session"; `--adapter` defaults to the adapter shipped now). This script
 answers the first `-n` test niah items of one length through the evaluation's own path
 (`ARMTMethod`, greedy, float32, the evaluation's niah budget of new tokens) three ways, and prints
 the correct answers split by where the needle sat (written into memory, or in the unwritten view):
