@@ -137,13 +137,12 @@ def main() -> None:
         shared = {i for i in shared if runs[0][i]["length"] in args.lengths}
     for line in corpora_note(runs, shared):
         print(line)
-    splits = {run[i].get("split", "test") for run in runs for i in shared}  # lines before splits: test
-    if len(splits) > 1:
-        raise SystemExit(
-            f"error: the files' lines come from more than one split ({', '.join(sorted(splits))})"
-        )
+    try:
+        split = lines_split(runs, shared)
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     tokenizer = load_tokenizer(args.model)
-    builder = Builder(tokenizer, split=splits.pop() if splits else "test")
+    builder = Builder(tokenizer, split=split)
     S = args.segment_len
     where: dict[str, str] = {}
     for length in sorted({runs[0][i]["length"] for i in shared}):
