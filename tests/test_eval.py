@@ -613,3 +613,29 @@ def test_armt_method_and_ask_answer_from_the_state_with_the_tail_written(monkeyp
     )
     "".join(answer(runtime, doc, item.question, max_new_tokens=4))
     assert same(seen[-1], written)
+
+
+def test_an_eval_on_the_validation_split_builds_validation_items(tmp_path, monkeypatch):
+    """`run(..., split="validation")` builds its items from the validation split (other documents,
+    keys and numbers), not the test items that share their ids."""
+    from test_tasks import LICENSES
+
+    from edgemem.data import corpora
+    from edgemem.data.tasks import PROSE, Builder
+    from edgemem.models import load_tokenizer
+
+    root = tmp_path / "corpora"
+    root.mkdir()
+    with open(root / "linux-doc.jsonl", "w") as handle:
+        for k, p in enumerate(sorted(LICENSES.glob("GPL-*"))):
+            row = {"name": p.name, "kind": "prose", "split": ("test", "validation")[k % 2], "sha256": "-"}
+            handle.write(json.dumps(row | {"text": p.read_text()}) + "\n")
+    for other in PROSE[1:]:  # the other prose corpora, empty
+        (root / f"{other}.jsonl").write_text("")
+    monkeypatch.setattr(corpora, "corpora_dir", lambda: root)
+    report = run("niah", [1024], "oracle", 1, "smollm2-135m-instruct", "hf", None, tmp_path / "r",
+                 log=lambda s: None, split="validation")  # fmt: skip
+    (line,) = [json.loads(x) for x in report.path.read_text().splitlines()]
+    tokenizer = load_tokenizer()
+    val, test = (Builder(tokenizer, split=s).item("niah", 1024, 0, 1) for s in ("validation", "test"))
+    assert line["gold"] == val.answers != test.answers and line["split"] == "validation"
