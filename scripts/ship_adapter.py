@@ -147,17 +147,19 @@ def log_summary(run: Path, last_step: int) -> tuple[list[dict], list[dict]]:
 
 
 def eval_rows(files: list[Path], file_id: str) -> list[str]:
-    rows = ["| file | length | correct | items | seconds per item |", "|---|---|---|---|---|"]
+    """A row per file, split and length of the lines run with this adapter file. Lines from before
+    `edgemem eval --split` recorded their split are the test split's (the only one there was)."""
+    rows = ["| file | split | length | correct | items | seconds per item |", "|---|---|---|---|---|---|"]
     for file in files:
-        bins: dict[int, list[dict]] = defaultdict(list)
+        bins: dict[tuple[str, int], list[dict]] = defaultdict(list)
         for line in file.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("adapter") == file_id:
-                bins[rec["length"]].append(rec)
-        for length, recs in sorted(bins.items()):
+                bins[rec.get("split", "test"), rec["length"]].append(rec)
+        for (split, length), recs in sorted(bins.items(), key=lambda kv: (kv[0][0] != "test", kv[0])):
             right = sum(bool(r["correct"]) for r in recs)
             mean_s = sum(r["seconds"] for r in recs) / len(recs)
-            rows.append(f"| {file.name} | {length} | {right} | {len(recs)} | {mean_s:.1f} |")
+            rows.append(f"| {file.name} | {split} | {length} | {right} | {len(recs)} | {mean_s:.1f} |")
     return rows
 
 
@@ -311,7 +313,11 @@ def ship(
         "",
         *held_out,
         "",
-        "## Evaluation (`edgemem eval`, test split)",
+        "## Evaluation (`edgemem eval`)",
+        "",
+        "Held-out documents of the prepared corpora. The test split's niah items of one length share "
+        "one haystack (the start of the test prose) and differ in needle, key and depth; the validation "
+        "split's (`--split validation`, other documents) each start at a random paragraph.",
         "",
         *(eval_rows(evals, file_id) if evals else ["Not evaluated yet."]),
         "",

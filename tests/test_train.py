@@ -497,7 +497,8 @@ def test_adapter_file_round_trips(tmp_path):
 def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_lines(tmp_path):
     """scripts/ship_adapter.py: the shipped file loads to the same memory (hash taken without a
     base model equals the loaded model's), re-shipping equal content keeps the bytes (so eval lines
-    keyed by the file id stay valid), and the card counts only lines run with this file."""
+    keyed by the file id stay valid), and the card counts only lines run with this file, in a row
+    per split (lines from before `--split` recorded it are the test split's)."""
     from edgemem.evaluate import adapter_id
 
     ship = load_script("ship_adapter")
@@ -516,23 +517,26 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
 
     file_id = adapter_id("tiny", str(out))
     lines = [
-        (1024, file_id, True),
-        (1024, file_id, False),
-        (1024, "0123456789abcdef", True),
-        (2048, file_id, True),
+        (1024, file_id, True, {}),
+        (1024, file_id, False, {"split": "test"}),
+        (1024, "0123456789abcdef", True, {}),
+        (2048, file_id, True, {}),
+        (1024, file_id, False, {"split": "validation"}),
     ]
     evals = tmp_path / "niah.armt.jsonl"
     evals.write_text(
         "".join(
-            json.dumps({"length": n, "adapter": a, "correct": c, "seconds": 2.0}) + "\n" for n, a, c in lines
+            json.dumps({"length": n, "adapter": a, "correct": c, "seconds": 2.0, **x}) + "\n"
+            for n, a, c, x in lines
         )
     )
     again, _ = ship.ship(adapter, tmp_path / "run", [evals], shipped, "ship")
     assert adapter_id("tiny", str(again)) == file_id
     card = out.with_suffix(".md").read_text()
     assert (
-        "| niah.armt.jsonl | 1024 | 1 | 2 | 2.0 |" in card
-        and "| niah.armt.jsonl | 2048 | 1 | 1 | 2.0 |" in card
+        "| niah.armt.jsonl | test | 1024 | 1 | 2 | 2.0 |" in card
+        and "| niah.armt.jsonl | test | 2048 | 1 | 1 | 2.0 |" in card
+        and "| niah.armt.jsonl | validation | 1024 | 0 | 1 | 2.0 |" in card
     )
     assert "Trained for 3 of the recipe's 3 steps" in card
     # --answer-window: the same tensors, shipped with that window in the memory config (a new hash)
