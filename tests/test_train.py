@@ -53,6 +53,18 @@ def load_script(name: str):
     return module
 
 
+def writing_armt(lora_rank: int = 0) -> ARMT:
+    """A tiny ARMT with memory in layers 0-1 whose values are not zero (a fresh W_V writes zeros)."""
+    from edgemem.armt import ARMTConfig
+
+    torch.manual_seed(0)
+    armt = ARMT(tiny_llama(), ARMTConfig.for_model(2, segment_len=8, d_mem=8, lora_rank=lora_rank))
+    with torch.no_grad():
+        for memory in armt.memories.values():
+            memory.W_V.weight.normal_(0, 0.5)
+    return armt
+
+
 def adapter_at_step(folder: Path, step: int) -> Path:
     """A stand-in run folder for the ablation driver: an adapter file whose metadata says its run
     is at `step` (the driver reads only that, never the weights)."""
@@ -1712,14 +1724,8 @@ def test_lora_read_probe_memory_off_writes_nothing_and_answers_as_with_an_empty_
     """`--memory-off` (RESULTS' "its memory off (LoRA on)" row): after `silence_memory` a write
     leaves every memory's values A at zero (it wrote before), so the answer pass reads what an
     empty memory gives. The probe silences the memory before any item is written."""
-    from edgemem.armt import ARMTConfig
-
     module = load_script("lora_read_probe")
-    torch.manual_seed(0)
-    armt = ARMT(tiny_llama(), ARMTConfig.for_model(2, segment_len=8, d_mem=8, lora_rank=4))
-    with torch.no_grad():
-        for memory in armt.memories.values():
-            memory.W_V.weight.normal_(0, 0.5)
+    armt = writing_armt(lora_rank=4)
     ids = torch.randint(0, VOCAB, (1, 8))
     with torch.no_grad():
         written, _ = armt.step(ids, armt.empty_state())
@@ -1796,3 +1802,31 @@ def test_lora_read_probe_scales_the_lora_in_the_answer_pass_only():
     for name, tensor in state.named_tensors().items():
         assert torch.equal(probed_state.named_tensors()[name], tensor), name
     assert [lora.scale for lora in armt.lora.values()] == scales
+
+
+def test_niah_stream_cut_capped_step_holds_each_layer_at_its_norm_after_the_cap_write():
+    """`niah_stream_cut.py --cap-at N` (docs/RESULTS.md, "Thirty-eighth session"): the states up to
+    the N-th write are the plain step's; every later write is the plain step from the capped state
+    with each layer's A scaled down to at most the norm it had after the N-th write of that stream,
+    z as the step wrote it; a new stream records its own cap."""
+    module = load_script("niah_stream_cut")
+    armt = writing_armt()
+    capped = module.capped_step(armt.step, 2)
+    segments = [torch.randint(0, VOCAB, (1, 8)) for _ in range(6)]
+    for stream in range(2):  # the second stream (other segments) sets its own cap
+        held, scaled = armt.empty_state(), 0
+        with torch.no_grad():
+            for ids in segments[stream:]:
+                plain, _ = armt.step(ids, held)  # the plain step from the same state
+                held, _ = capped(ids, held)
+                assert all(torch.equal(held.z[k], plain.z[k]) for k in plain.z)
+                if held.writes <= 2:
+                    assert all(torch.equal(held.A[k], plain.A[k]) for k in plain.A)
+                    cap = {k: a.norm() for k, a in held.A.items()}
+                    continue
+                for k, a in held.A.items():
+                    assert a.norm() <= cap[k] * (1 + 1e-5)
+                    ratio = a.norm() / plain.A[k].norm()
+                    torch.testing.assert_close(a, plain.A[k] * ratio)
+                    scaled += bool(ratio < 0.999)
+        assert scaled  # the plain step did grow A past the cap: the cap did something
