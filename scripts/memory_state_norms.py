@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How a memory state grows along one long stream: each memory layer's |A| and |z| after each write.
 
-Streams the context of one niah item (the evaluation's builder, `--split`, `--length`, item
-`--index`) through the adapter, segment by segment as `edgemem ask` ingests (float32, no answer),
+Writes every full segment of one niah item's context (the evaluation's builder, `--split`,
+`--length`, item `--index`) through the adapter, one step per segment (float32, no answer),
 and prints the Frobenius norms of A and z per layer at the writes given by `--at`; `--out` keeps
 every write's norms as JSON. docs/RESULTS.md, "Thirty-eighth session", read one 32k validation
 stream this way: z is fixed from the first write on (`write_gamma` is 0 for every later key once
