@@ -23,6 +23,8 @@ not a feature of edgemem.
     OMP_NUM_THREADS=1 python scripts/niah_stream_cut.py --length 32k --keep 16k -n 20 --split validation
 
 `--skip-full` answers the cut contexts only (compare with `edgemem eval` lines of the same items).
+`--cut-full-z` adds `cut-fz`: the cut context with z as the whole context's first write left it
+(z is set by a stream's first write, so `cut` also changes the read's normaliser; this keeps it).
 """
 
 from __future__ import annotations
@@ -60,6 +62,16 @@ def capped_step(step: Callable, cap_at: int) -> Callable:
     return run
 
 
+def fixed_z_step(step: Callable, z: dict[int, Tensor]) -> Callable:
+    """`ARMT.step` whose states carry `z` (per layer [1, K]) in place of the z the step wrote."""
+
+    def run(input_ids: Tensor, state: MemoryState, return_logits: bool = False):
+        new, logits = step(input_ids, state, return_logits)
+        return MemoryState(new.A, dict(z), new.writes), logits
+
+    return run
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--adapter", default=None, help="default: the shipped adapter")
@@ -71,6 +83,7 @@ def main() -> None:
     ap.add_argument("--skip-full", action="store_true")
     ap.add_argument("--skip-cut", action="store_true")
     ap.add_argument("--cap-at", type=int, default=0, help="add the `capped` answer (see above)")
+    ap.add_argument("--cut-full-z", action="store_true", help="add the `cut-fz` answer (see above)")
     args = ap.parse_args()
     (length,), (keep,) = parse_lengths(args.length), parse_lengths(args.keep)
 
@@ -78,7 +91,12 @@ def main() -> None:
     tokenizer = method.tokenizer
     arms = tuple(
         arm
-        for arm, on in (("full", not args.skip_full), ("cut", not args.skip_cut), ("capped", args.cap_at > 0))
+        for arm, on in (
+            ("full", not args.skip_full),
+            ("cut", not args.skip_cut),
+            ("capped", args.cap_at > 0),
+            ("cut-fz", args.cut_full_z),
+        )
         if on
     )
     step = method.armt.step
@@ -92,11 +110,20 @@ def main() -> None:
             continue
         asked += 1
         cells = []
-        for arm, it in (("full", item), ("cut", cut), ("capped", item)):
+        for arm, it in (("full", item), ("cut", cut), ("capped", item), ("cut-fz", cut)):
             if arm not in arms:
                 continue
             t0 = time.time()
-            method.armt.step = capped_step(step, args.cap_at) if arm == "capped" else step  # type: ignore[method-assign]
+            wrapped = step
+            if arm == "capped":
+                wrapped = capped_step(step, args.cap_at)
+            elif arm == "cut-fz":
+                with torch.inference_mode():
+                    first, _ = step(
+                        torch.tensor([ids[: method.armt.config.segment_len]]), method.armt.empty_state()
+                    )
+                wrapped = fixed_z_step(step, first.z)
+            method.armt.step = wrapped  # type: ignore[method-assign]
             method.cache = type(method.cache)(method.armt)  # no state from another arm's ingest
             pred = method.predict(it, MAX_NEW_TOKENS["niah"])
             ok = score("niah", pred.text, it.answers).correct

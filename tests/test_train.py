@@ -1830,3 +1830,23 @@ def test_niah_stream_cut_capped_step_holds_each_layer_at_its_norm_after_the_cap_
                     torch.testing.assert_close(a, plain.A[k] * ratio)
                     scaled += bool(ratio < 0.999)
         assert scaled  # the plain step did grow A past the cap: the cap did something
+
+
+def test_niah_stream_cut_fixed_z_step_carries_the_given_z_and_writes_a_with_it():
+    """`niah_stream_cut.py --cut-full-z`: every state the wrapped step returns carries the given z
+    (another stream's first-write z), and its A is the plain step's from that state, so the writes
+    after the first read their old values against the given z."""
+    module = load_script("niah_stream_cut")
+    armt = writing_armt()
+    other = [torch.randint(0, VOCAB, (1, 8)) for _ in range(4)]
+    with torch.no_grad():
+        given, _ = armt.step(other[0], armt.empty_state())
+        fixed = module.fixed_z_step(armt.step, given.z)
+        held = armt.empty_state()
+        for ids in reversed(other):
+            plain, _ = armt.step(ids, held)
+            held, _ = fixed(ids, held)
+            assert all(torch.equal(held.z[k], given.z[k]) for k in given.z)
+            assert all(torch.equal(held.A[k], plain.A[k]) for k in plain.A)
+        free, _ = armt.step(other[-1], armt.empty_state())
+    assert any(not torch.equal(free.z[k], given.z[k]) for k in given.z)  # its own z would differ
