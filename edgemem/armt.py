@@ -632,6 +632,12 @@ def tokenize_stream(text_chunks: Iterable[str], tokenizer: object) -> Iterator[l
             yield tokenizer(chunk, add_special_tokens=False).input_ids  # type: ignore[operator]
 
 
+def text_ids(text: str, tokenizer: object) -> list[int]:
+    """All token ids of one text as an ingest reads them (`tokenize_stream`: BOS first where the
+    model uses one): what the evaluation's armt method and the probes cut into segments."""
+    return [i for chunk in tokenize_stream([text], tokenizer) for i in chunk]
+
+
 def iter_segments(
     token_chunks: Iterable[list[int]], segment_len: int, tail: list[int], window: int = 0
 ) -> Iterator[list[int]]:

@@ -31,7 +31,7 @@ from edgemem.armt import (
     iter_segments,
     prompt_ids,
     stop_token_ids,
-    tokenize_stream,
+    text_ids,
     written_segments,
 )
 from edgemem.data.tasks import Item
@@ -366,7 +366,7 @@ class ARMTMethod:
         self.cache = PrefixStateCache(armt)
 
     def _ids(self, text: str) -> list[int]:
-        return [i for chunk in tokenize_stream([text], self.tokenizer) for i in chunk]
+        return text_ids(text, self.tokenizer)
 
     def predict(self, item: Item, max_new_tokens: int) -> Prediction:
         return self.predict_batch([item], max_new_tokens)[0]

@@ -10,7 +10,7 @@ import resource
 import psutil
 
 from edgemem import methods
-from edgemem.armt import tokenize_stream
+from edgemem.armt import text_ids
 from edgemem.data.tasks import Builder
 from edgemem.models import load_tokenizer
 
@@ -26,6 +26,6 @@ item = Builder(load_tokenizer()).item("niah", 16384, 0, 1)
 print("item built:", mb())
 method = methods.build("armt", "smollm2-135m-instruct", "hf")
 print("model loaded:", mb())
-ids = [i for chunk in tokenize_stream([item.context], method.tokenizer) for i in chunk]
+ids = text_ids(item.context, method.tokenizer)
 method.cache.ingest(ids)
 print(f"16k ingested, {len(method.cache._states)} states cached:", mb())

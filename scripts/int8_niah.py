@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from edgemem.armt import ingest, stop_token_ids, tokenize_stream
+from edgemem.armt import ingest, stop_token_ids, text_ids
 from edgemem.data.tasks import Builder
 from edgemem.methods import chat_prompt
 from edgemem.runtime import open_engine
@@ -33,7 +33,7 @@ correct = dict.fromkeys(engines, 0)
 state_diff: list[float] = []
 start = time.perf_counter()
 for item in items:
-    ids = [i for chunk in tokenize_stream([item.context], tokenizer) for i in chunk]
+    ids = text_ids(item.context, tokenizer)
     states = {}
     for name, runtime in engines.items():
         doc = ingest(runtime, [ids])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from edgemem.armt import tokenize_stream
+from edgemem.armt import text_ids
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.files import atomic_write_text
@@ -43,7 +43,7 @@ def main() -> None:
     method = build("armt", args.model, "hf", args.adapter, torch.float32)
     armt, tokenizer = method.armt, method.tokenizer
     item = Builder(tokenizer, split=args.split).item("niah", length, args.index, args.index + 1)
-    ids = [i for chunk in tokenize_stream([item.context], tokenizer) for i in chunk]
+    ids = text_ids(item.context, tokenizer)
     S = armt.config.segment_len
     state, rows = armt.empty_state(), []
     print(f"{item.id} ({args.split}): {len(ids)} tokens, {len(ids) // S} segments of {S}")

@@ -37,7 +37,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from edgemem.armt import MemoryState, tokenize_stream
+from edgemem.armt import MemoryState, text_ids
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
 from edgemem.methods import build
@@ -104,7 +104,7 @@ def main() -> None:
     near = dict.fromkeys(arms, 0)
     asked = 0
     for item in Builder(tokenizer, split=args.split).build("niah", length, args.n):
-        ids = [i for chunk in tokenize_stream([item.context], tokenizer) for i in chunk]
+        ids = text_ids(item.context, tokenizer)
         cut = replace(item, context=tokenizer.decode(ids[-keep:]))  # type: ignore[attr-defined]
         if item.answers[0] not in cut.context:  # the needle is not in the kept tokens
             continue

@@ -27,7 +27,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from edgemem.armt import tokenize_stream, written_segments
+from edgemem.armt import text_ids, written_segments
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
@@ -150,7 +150,7 @@ def main() -> None:
         n = 1 + max(int(i.rsplit("-", 1)[1]) for i in wanted)
         for item in builder.build("niah", length, n):
             if item.id in wanted:
-                ids = [t for chunk in tokenize_stream([item.context], tokenizer) for t in chunk]
+                ids = text_ids(item.context, tokenizer)
                 written = written_segments(len(ids), S, args.answer_window)
                 tail = tokenizer.decode(ids[written * S :])  # type: ignore[attr-defined]
                 where[item.id] = "tail" if item.answers[0] in tail else "written"

@@ -37,7 +37,7 @@ from edgemem.armt import (  # noqa: E402
     generate_ids,
     read_adapter,
     stop_token_ids,
-    tokenize_stream,
+    text_ids,
     written_segments,
 )
 from edgemem.data.tasks import PROSE, Builder  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     new_tokens = MAX_NEW_TOKENS["niah"]
 
     def in_view(item) -> bool:
-        ids = [i for chunk in tokenize_stream([item.context], tok) for i in chunk]  # as ARMTMethod
+        ids = text_ids(item.context, tok)  # as ARMTMethod
         written = written_segments(len(ids), S, args.window) * S
         return item.answers[0] in tok.decode(ids[written:])
 
