@@ -40,7 +40,7 @@ from torch import Tensor
 from edgemem.armt import MemoryState, text_ids
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
-from edgemem.methods import build
+from edgemem.methods import PrefixStateCache, build
 from edgemem.scoring import near_miss, score
 
 
@@ -89,16 +89,18 @@ def main() -> None:
 
     method = build("armt", args.model, "hf", args.adapter, torch.float32)
     tokenizer = method.tokenizer
-    arms = tuple(
-        arm
-        for arm, on in (
-            ("full", not args.skip_full),
-            ("cut", not args.skip_cut),
-            ("capped", args.cap_at > 0),
-            ("cut-fz", args.cut_full_z),
+    # (arm, whether asked, whether it reads the cut context)
+    plan = [
+        (arm, reads_cut)
+        for arm, on, reads_cut in (
+            ("full", not args.skip_full, False),
+            ("cut", not args.skip_cut, True),
+            ("capped", args.cap_at > 0, False),
+            ("cut-fz", args.cut_full_z, True),
         )
         if on
-    )
+    ]
+    arms = [arm for arm, _ in plan]
     step = method.armt.step
     right = dict.fromkeys(arms, 0)
     near = dict.fromkeys(arms, 0)
@@ -110,9 +112,8 @@ def main() -> None:
             continue
         asked += 1
         cells = []
-        for arm, it in (("full", item), ("cut", cut), ("capped", item), ("cut-fz", cut)):
-            if arm not in arms:
-                continue
+        for arm, reads_cut in plan:
+            it = cut if reads_cut else item
             t0 = time.time()
             wrapped = step
             if arm == "capped":
@@ -124,7 +125,7 @@ def main() -> None:
                     )
                 wrapped = fixed_z_step(step, first.z)
             method.armt.step = wrapped  # type: ignore[method-assign]
-            method.cache = type(method.cache)(method.armt)  # no state from another arm's ingest
+            method.cache = PrefixStateCache(method.armt)  # no state from another arm's ingest
             pred = method.predict(it, MAX_NEW_TOKENS["niah"])
             ok = score("niah", pred.text, it.answers).correct
             right[arm] += ok
