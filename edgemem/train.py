@@ -76,6 +76,7 @@ CHECKPOINT_FORMAT = "edgemem-train/1"
 TASKS = ("lm", "recall", "vt", "docqa", "types", "mix", "tokens")
 ITEM_TASKS = ("vt", "docqa", "types")  # built by the evaluation's generators on the train split
 MIX_TASKS = ("recall", *ITEM_TASKS)
+NEEDLE_SEGMENTS = ("first", "last", "any", "late")
 FINAL_FRACTION = 0.1  # the last 10% of a stage's steps use its long segment length only
 
 
@@ -91,7 +92,9 @@ class Stage:
       window over a document shorter than the window has it: the whole item is in view (a recall
       item's asked needle in its tail, without distractors; a vt/docqa/types item whole).
     needle: where the needle sits in its segment ("end": its last tokens; "random").
-    needle_segment: which written segment holds it ("first", "last" or "any").
+    needle_segment: which written segment holds it ("first", "last", "any", or "late": one of the
+      last `late` segments, written into a memory that has taken in the whole stream before it).
+    late: with needle_segment "late", how many of the last written segments may hold a needle.
     p_tail: prose recall only (`ProseTasks`): the probability that the asked needle sits instead
       in the unwritten tail next to the question, where it is read by attention, not from memory
       (the evaluation puts it there whenever its depth falls past the last full segment).
@@ -121,6 +124,7 @@ class Stage:
     batch_size: int = 4
     needle: str = "random"
     needle_segment: str = "any"
+    late: int = 8
     p_tail: float = 0.0
     tail: int = 0
     p_view: float = 0.0
@@ -144,8 +148,12 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: mix draws from {', '.join(MIX_TASKS)}")
         if self.task == "lm" and min(self.segments) < 2:
             raise EdgememError(f"stage {self.name!r}: the lm task needs at least 2 segments")
-        if self.needle not in ("end", "random") or self.needle_segment not in ("first", "last", "any"):
-            raise EdgememError(f"stage {self.name!r}: needle is end|random, needle_segment first|last|any")
+        if self.needle not in ("end", "random") or self.needle_segment not in NEEDLE_SEGMENTS:
+            raise EdgememError(
+                f"stage {self.name!r}: needle is end|random, needle_segment {'|'.join(NEEDLE_SEGMENTS)}"
+            )
+        if self.late < 1:
+            raise EdgememError(f"stage {self.name!r}: late must be at least 1 segment")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
         if self.view not in ("other", "same"):
@@ -379,6 +387,8 @@ def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
         return 0
     if stage.needle_segment == "last":
         return segments - 1
+    if stage.needle_segment == "late":
+        return rng.randrange(max(0, segments - stage.late), segments)
     return rng.randrange(segments)
 
 

@@ -47,7 +47,9 @@ def stage_rows(train_config: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in train_config["stages"]:
-        needle = "-" if s["task"] == "lm" else f"{s['needle']} in {s['needle_segment']} segment"
+        late = s["needle_segment"] == "late"
+        where = f"one of the last {s['late']} segments" if late else f"{s['needle_segment']} segment"
+        needle = "-" if s["task"] == "lm" else f"{s['needle']} in {where}"
         task = f"mix of {', '.join(s['mix'])}" if s["task"] == "mix" else s["task"]
         rows.append(
             f"| {s['name']} | {task} | {s['steps']} | {s['segment_len']} | "

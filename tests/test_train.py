@@ -827,6 +827,25 @@ def test_memory_lr_scale_multiplies_the_memorys_learning_rate_only(tmp_path):
         replace(tiny_config(), memory_lr_scale=0.0)
 
 
+def test_late_needles_sit_in_the_last_segments_after_the_whole_stream():
+    """needle_segment "late" writes every needle into one of the last `late` segments (what a long
+    item's late needles see: a memory that has taken in the whole stream first), each of them
+    drawn, and refuses a window of no segments."""
+    stage = tiny_config(segments=(12,), needle_segment="late", late=3, keys=2, needle="random").stages[0]
+    seen = set()
+    for seed in range(20):
+        batch = TokenRecall(VOCAB).batch(random.Random(seed), stage, 4, 12)
+        for row in batch.written:
+            marks = (row == 1).nonzero().flatten().tolist()
+            assert marks  # (two needles drawn into one segment may overlap)
+            seen.update(at // 4 for at in marks)
+    assert seen == {9, 10, 11}
+    with pytest.raises(EdgememError, match="late"):
+        replace(stage, late=0)
+    with pytest.raises(EdgememError, match="first|last|any|late"):
+        replace(stage, needle_segment="middle")
+
+
 def test_gradient_checkpointing_and_truncation():
     """Recomputing segments gives the same gradients; truncated BPTT cuts the gradient of early writes."""
     config = tiny_config(steps=1, segments=(3,), needle_segment="first", needle="random")
