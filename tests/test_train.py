@@ -655,6 +655,27 @@ def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
     )
 
 
+def test_ship_adapter_stage_row_says_where_a_stage_puts_its_needles():
+    """The card's stage table names a late placement's window ("one of the last 8 segments"), not
+    the bare option name, and the other placements by name, as a config sets them."""
+    ship = load_script("ship_adapter")
+    stage = dict(
+        name="s",
+        task="recall",
+        steps=1,
+        segment_len=128,
+        segments=[1],
+        needle="random",
+        digits=7,
+        keys=2,
+        lr=5e-5,
+    )
+    late = ship.stage_rows({"stages": [{**stage, "needle_segment": "late", "late": 8}]})[2]
+    anywhere = ship.stage_rows({"stages": [{**stage, "needle_segment": "any"}]})[2]
+    assert "| random in one of the last 8 segments |" in late
+    assert "| random in any segment |" in anywhere
+
+
 def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_machine():
     """The hardware line names the CPU each step's line records; for lines that record none (runs
     before the field) it says the log does not name it, where it once named the CPU of the machine
