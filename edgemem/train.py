@@ -108,6 +108,10 @@ class Stage:
       as an answer window over a long document has it.
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
+    lead_weight: prose recall only: the loss weight of the answer's first digit, against 1 for
+      every other answer token. The first digit is the one the key alone must bring back from
+      memory (each later digit follows the needle's digits before it); past the trained stream
+      lengths it is the one the answers lose, written as the haystack's commonest digit.
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
     mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
@@ -131,6 +135,7 @@ class Stage:
     view: str = "other"
     keys: int = 1
     digits: int = 7
+    lead_weight: float = 1.0
     short_segment_len: int = 0
     p_short: float = 0.5
     bptt: int = 0
@@ -156,6 +161,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: late must be at least 1 segment")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
+        if self.lead_weight <= 0:
+            raise EdgememError(f"stage {self.name!r}: lead_weight must be positive")
         if self.view not in ("other", "same"):
             raise EdgememError(f"stage {self.name!r}: view is other|same, not {self.view!r}")
         if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1 or not 0 <= self.p_view <= 1:
@@ -332,16 +339,19 @@ class Batch:
     written [B, N * S]: the document's written segments; answer [B, T] (right-padded): the
     read-only last segment (tail, question, answer prefix, answer); targets [B, T]: the next token
     to predict at each answer position, -100 where there is no loss. For the lm task `answer` is
-    empty and the loss is on the written segments after the first.
+    empty and the loss is on the written segments after the first. weights [B, T] (None: all 1):
+    each target's weight in its item's loss (`Stage.lead_weight`).
     """
 
     written: Tensor
     answer: Tensor
     targets: Tensor
     segment_len: int
+    weights: Tensor | None = None
 
     def rows(self, index: list[int]) -> Batch:
-        return Batch(self.written[index], self.answer[index], self.targets[index], self.segment_len)
+        weights = None if self.weights is None else self.weights[index]
+        return Batch(self.written[index], self.answer[index], self.targets[index], self.segment_len, weights)
 
 
 def _pad(rows: list[list[int]], value: int) -> Tensor:
@@ -433,7 +443,7 @@ class ProseTasks:
             rows = [self._window(rng, S * segments) for _ in range(stage.batch_size)]
             empty = torch.zeros(len(rows), 0, dtype=torch.long)
             return Batch(torch.tensor(rows), empty, empty.clone(), S)
-        written, answers, targets = [], [], []
+        written, answers, targets, weights = [], [], [], []
         for _ in range(stage.batch_size):
             kind = rng.choice(stage.mix) if task == "mix" else task
             if kind == "recall":
@@ -443,8 +453,18 @@ class ProseTasks:
             written.append(doc[: S * segments])
             answers.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer + [-100])
+            row = [1.0] * len(targets[-1])
+            if kind == "recall":
+                row[len(prompt) - 1 + self.lead(answer)] = stage.lead_weight
+            weights.append(row)
         written_ids = torch.tensor(written, dtype=torch.long).view(len(written), S * segments)
-        return Batch(written_ids, _pad(answers, 0), _pad(targets, -100), S)
+        # no weights at lead_weight 1: the loss of older runs, bit for bit
+        lead = None if stage.lead_weight == 1.0 else _pad(weights, 0).float()
+        return Batch(written_ids, _pad(answers, 0), _pad(targets, -100), S, lead)
+
+    def lead(self, answer: list[int]) -> int:
+        """Index in a recall answer's ids of its first digit (after the space token)."""
+        return next(i for i, t in enumerate(answer) if self.tokenizer.decode([t]).strip())  # type: ignore[attr-defined]
 
     def recall_item(
         self, rng: random.Random, stage: Stage, S: int, segments: int
@@ -575,9 +595,9 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
     Returns (loss, stats) with stats["segment_loss"]: mean loss per scored segment index.
     """
     device = armt.write_embeddings.device
-    batch = Batch(
-        batch.written.to(device), batch.answer.to(device), batch.targets.to(device), batch.segment_len
-    )
+    weights = None if batch.weights is None else batch.weights.to(device)
+    written, answer, targets = batch.written.to(device), batch.answer.to(device), batch.targets.to(device)
+    batch = Batch(written, answer, targets, batch.segment_len, weights)
     S = batch.segment_len
     n = batch.written.shape[1] // S
     B = batch.written.shape[0]
@@ -608,7 +628,11 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
         losses = F.cross_entropy(logits, batch.targets[mask], reduction="none")
         rows = mask.nonzero()[:, 0]
         counts = mask.sum(1).clamp_min(1)
-        per_item = per_item + torch.zeros(B, device=device).index_add(0, rows, losses) / counts
+        total = counts
+        if batch.weights is not None:  # a weighted mean per item (Stage.lead_weight)
+            w = batch.weights[mask]
+            losses, total = losses * w, torch.zeros(B, device=device).index_add(0, rows, w).clamp_min(1e-9)
+        per_item = per_item + torch.zeros(B, device=device).index_add(0, rows, losses) / total
         correct = (logits.argmax(-1) == batch.targets[mask]).float()
         exact = torch.zeros(B, device=device).index_add(0, rows, correct) == counts
         segment_loss.append(float(per_item.detach().mean()))

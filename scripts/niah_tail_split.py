@@ -8,8 +8,8 @@ of `--split validation`), tokenizes each context as `ARMTMethod` does, and says 
 number is in the tail. It then counts, over the items every file holds, the correct answers and
 the near misses (5+ of 7 digits in place) per file, split by where the needle was, how often each
 file agrees with the first, per length the items only a file or only the first answers, and which
-digits a file's wrong 7-digit answers write in place of which, at which positions, and which
-digit a wrong first digit is written as:
+digits a file's wrong 7-digit answers write in place of which, at which positions, which digit
+a wrong first digit is written as, and in how many it is the only wrong digit:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -102,6 +102,12 @@ def wrong_first_digits(records: list[dict]) -> Counter:
     return Counter(digits[0] for digits, gold in _blurred(records) if digits[0] != gold[0])
 
 
+def only_first_wrong(records: list[dict]) -> int:
+    """Wrong answers (of the gold's length) whose first digit is their only wrong one: the needles
+    memory kept but for the digit the key alone has to bring back."""
+    return sum(digits[0] != gold[0] and digits[1:] == gold[1:] for digits, gold in _blurred(records))
+
+
 def only_right(runs: list[dict[str, dict]], shared: set[str]) -> dict[int, list[tuple[int, int]]]:
     """Per length, for each file after the first: (items it answers and the first does not, items the
     first answers and it does not), over `shared`."""
@@ -185,7 +191,8 @@ def main() -> None:
         print(f"       in place of: {most_common(replaced)}")
         positions = wrong_positions(records)
         print(f"       at positions: {', '.join(f'{p} x{positions[p]}' for p in sorted(positions))}")
-        print(f"       first digit, where wrong, written as: {most_common(wrong_first_digits(records))}")
+        firsts, alone = most_common(wrong_first_digits(records)), only_first_wrong(records)
+        print(f"       first digit, where wrong, written as: {firsts} (the only wrong digit in {alone})")
 
 
 if __name__ == "__main__":

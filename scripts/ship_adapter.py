@@ -51,9 +51,11 @@ def stage_rows(train_config: dict) -> list[str]:
         where = f"one of the last {s['late']} segments" if late else f"{s['needle_segment']} segment"
         needle = "-" if s["task"] == "lm" else f"{s['needle']} in {where}"
         task = f"mix of {', '.join(s['mix'])}" if s["task"] == "mix" else s["task"]
+        lead = s.get("lead_weight", 1.0)  # configs from before Stage.lead_weight have none
+        digits = f"{s['digits']} (first weighted x{lead:g})" if lead != 1 else str(s["digits"])
         rows.append(
             f"| {s['name']} | {task} | {s['steps']} | {s['segment_len']} | "
-            f"{', '.join(map(str, s['segments']))} | {needle} | {s['digits']} | {s['keys']} | {s['lr']:g} |"
+            f"{', '.join(map(str, s['segments']))} | {needle} | {digits} | {s['keys']} | {s['lr']:g} |"
         )
     return rows
 

@@ -657,7 +657,8 @@ def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
 
 def test_ship_adapter_stage_row_says_where_a_stage_puts_its_needles():
     """The card's stage table names a late placement's window ("one of the last 8 segments"), not
-    the bare option name, and the other placements by name, as a config sets them."""
+    the bare option name, and the other placements by name, as a config sets them; a weighted first
+    digit (`lead_weight`) is said beside the digits."""
     ship = load_script("ship_adapter")
     stage = dict(
         name="s",
@@ -674,6 +675,9 @@ def test_ship_adapter_stage_row_says_where_a_stage_puts_its_needles():
     anywhere = ship.stage_rows({"stages": [{**stage, "needle_segment": "any"}]})[2]
     assert "| random in one of the last 8 segments |" in late
     assert "| random in any segment |" in anywhere
+    assert "| 7 | 2 |" in anywhere  # a config from before lead_weight: digits alone
+    lead = ship.stage_rows({"stages": [{**stage, "needle_segment": "any", "lead_weight": 8.0}]})[2]
+    assert "| 7 (first weighted x8) | 2 |" in lead
 
 
 def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_machine():
@@ -1393,8 +1397,8 @@ def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_pl
 def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     """The count behind RESULTS' "wrong digits collapse onto 3": per wrong answer with as many
     digits as the gold number, each differing position counts the digit written, the one it
-    replaced and the position, and a wrong first digit the digit written there; right answers and
-    answers of another length are not counted."""
+    replaced and the position, and a wrong first digit the digit written there (and whether it is
+    the only wrong one); right answers and answers of another length are not counted."""
     module = load_script("niah_tail_split")
 
     def line(prediction, gold, correct=False):
@@ -1415,6 +1419,7 @@ def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     assert module.wrong_first_digits(lines) == {"0": 1}
     biased = [*lines, line(" 3286990.", "9286990"), line(" 3540866.", "5540866")]
     assert module.wrong_first_digits(biased) == {"0": 1, "3": 2}
+    assert module.only_first_wrong(lines) == 0 and module.only_first_wrong(biased) == 2
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
@@ -1890,3 +1895,51 @@ def test_niah_stream_cut_fixed_z_step_carries_the_given_z_and_writes_a_with_it()
             assert all(torch.equal(held.A[k], plain.A[k]) for k in plain.A)
         free, _ = armt.step(other[-1], armt.empty_state())
     assert any(not torch.equal(free.z[k], given.z[k]) for k in given.z)  # its own z would differ
+
+
+def test_lead_weight_scales_the_first_digits_share_of_a_recall_items_loss(prose_tasks):
+    """`lead_weight` marks the answer's first digit (not the space before it) in a recall batch,
+    1 on every other target; the item's loss is then the weighted mean of its targets' losses
+    (a huge weight gives the first digit's loss alone); at 1 no weights are made, so older runs
+    replay bit for bit; weights of 0 or less are refused."""
+    tok = prose_tasks.tokenizer
+    options = dict(name="r", task="recall", steps=1, segment_len=64, segments=(2,), batch_size=2)
+    assert prose_tasks.batch("recall", step_rng(0, 3, "w"), Stage(**options), 64, 2).weights is None
+    batch = prose_tasks.batch("recall", step_rng(0, 3, "w"), Stage(**options, lead_weight=4.0), 64, 2)
+    for row in range(2):
+        scored = batch.targets[row] != -100
+        heavy = (batch.weights[row] == 4.0).nonzero()[:, 0].tolist()
+        assert len(heavy) == 1 and scored[heavy[0]] and not scored[: heavy[0] - 1].any()
+        first = tok.decode([int(batch.targets[row, heavy[0]])])
+        digits = tok.decode(batch.targets[row][scored].tolist(), skip_special_tokens=True).strip()
+        assert first.isdigit() and digits.startswith(first)
+        assert set(batch.weights[row][scored].tolist()) == {1.0, 4.0}
+    with pytest.raises(EdgememError, match="lead_weight"):
+        Stage(**options, lead_weight=0.0)
+
+    config = tiny_config(steps=1)
+    armt = build_armt(tiny_llama(), config)
+    stage = Stage(name="t", task="tokens", steps=1, segment_len=4, segments=(1,))
+    written = torch.randint(4, VOCAB, (2, 4))
+    answer = torch.randint(4, VOCAB, (2, 6))
+    targets = torch.full_like(answer, -100)
+    targets[:, 2:5] = answer[:, 3:6]
+    only_lead = torch.full_like(answer, -100)
+    only_lead[:, 3] = targets[:, 3]
+    ones = torch.ones(answer.shape)
+    lead = ones.clone()
+    lead[:, 3] = 1e9
+    with torch.no_grad():
+        plain = forward_loss(armt, Batch(written, answer, targets, 4), stage, 2)[0]
+        unit = forward_loss(armt, Batch(written, answer, targets, 4, ones), stage, 2)[0]
+        heavy = forward_loss(armt, Batch(written, answer, targets, 4, lead), stage, 2)[0]
+        alone = forward_loss(armt, Batch(written, answer, only_lead, 4), stage, 2)[0]
+        # exact recall counts right tokens whatever their weights: targets the model's own argmax
+        state, _ = armt.step(written, armt.empty_state(2))
+        hidden = armt.read_only_hidden(answer, state)
+        argmax = torch.full_like(answer, -100)
+        argmax[:, 2:5] = armt.base.get_output_embeddings()(hidden).argmax(-1)[:, 2:5]
+        exact = [forward_loss(armt, Batch(written, answer, argmax, 4, w), stage, 2)[1] for w in (None, lead)]
+    assert torch.allclose(unit, plain) and torch.allclose(heavy, alone, rtol=1e-5)
+    assert not torch.allclose(heavy, plain)
+    assert [e["exact"] for e in exact] == [1.0, 1.0]
