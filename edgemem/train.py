@@ -111,7 +111,7 @@ class Stage:
     lead_weight: prose recall only: the loss weight of the answer's first digit, against 1 for
       every other answer token. The first digit is the one the key alone must bring back from
       memory (each later digit follows the needle's digits before it); past the trained stream
-      lengths it is the one the answers lose, written as the haystack's commonest digit.
+      lengths it is the one the answers lose, written as one digit whatever the gold one.
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
     mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
@@ -444,6 +444,7 @@ class ProseTasks:
             empty = torch.zeros(len(rows), 0, dtype=torch.long)
             return Batch(torch.tensor(rows), empty, empty.clone(), S)
         written, answers, targets, weights = [], [], [], []
+        weigh = stage.lead_weight != 1.0  # no weights at 1: the loss of older runs, bit for bit
         for _ in range(stage.batch_size):
             kind = rng.choice(stage.mix) if task == "mix" else task
             if kind == "recall":
@@ -453,13 +454,13 @@ class ProseTasks:
             written.append(doc[: S * segments])
             answers.append(prompt + answer)
             targets.append([-100] * (len(prompt) - 1) + answer + [-100])
-            row = [1.0] * len(targets[-1])
-            if kind == "recall":
-                row[len(prompt) - 1 + self.lead(answer)] = stage.lead_weight
-            weights.append(row)
+            if weigh:
+                row = [1.0] * len(targets[-1])
+                if kind == "recall":
+                    row[len(prompt) - 1 + self.lead(answer)] = stage.lead_weight
+                weights.append(row)
         written_ids = torch.tensor(written, dtype=torch.long).view(len(written), S * segments)
-        # no weights at lead_weight 1: the loss of older runs, bit for bit
-        lead = None if stage.lead_weight == 1.0 else _pad(weights, 0).float()
+        lead = _pad(weights, 0).float() if weigh else None
         return Batch(written_ids, _pad(answers, 0), _pad(targets, -100), S, lead)
 
     def lead(self, answer: list[int]) -> int:
