@@ -1784,6 +1784,67 @@ def test_lora_read_probe_memory_off_writes_nothing_and_answers_as_with_an_empty_
     torch.testing.assert_close(reads, empty)
 
 
+def test_key_contrast_decoding_at_lam_0_is_the_evals_greedy_answer():
+    """`niah_key_contrast.py` (docs/RESULTS.md, "Forty-first session"): at lam 0 its answer is the
+    one `generate_ids` gives (the eval's), and against the prompt itself any lam < 1 scales every
+    score alike, so the answer stays; the first-digit scores are the ten digits' at the first one."""
+    from tiny_assistant import tiny_assistant
+
+    from edgemem.armt import generate_ids, ingest, prompt_ids
+    from edgemem.methods import ARMTMethod
+
+    module = load_script("niah_key_contrast")
+    assistant = tiny_assistant(segment_len=8)
+    method = ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
+    tok = method.tokenizer
+    doc = ingest(
+        method.armt,
+        [tok("the vault code is 4417 and the porter keeps it", add_special_tokens=False).input_ids],
+    )
+    prompt = (
+        prompt_ids(tok, doc.tail_ids, "What is the code?") + tok(" 4", add_special_tokens=False).input_ids
+    )
+    other = prompt_ids(tok, doc.tail_ids, "What is the key?")
+    digits = [tok(d, add_special_tokens=False).input_ids[-1] for d in "0123456789"]
+    greedy = tok.decode(
+        list(generate_ids(method.armt, doc.state, prompt, method.stop_ids, 9)), skip_special_tokens=True
+    )
+    plain, first = module.contrast_decode(method, doc.state, prompt, [other], 0.0, digits, max_new=9)
+    assert plain == greedy and len(greedy) == 9
+    assert module.contrast_decode(method, doc.state, prompt, [prompt], 0.5, digits, max_new=9)[0] == greedy
+    assert greedy[0].isdigit()  # the tiny model writes digits here: the first-digit scores are taken
+    assert first is not None and len(first) == 10 and max(first) == first[int(greedy[0])]
+    # lam > 0 against another question: the first token is the argmax of the contrast, among the
+    # tokens within a tenth of the top one's probability
+    with torch.inference_mode():
+        logp = [
+            torch.log_softmax(method.armt.read_only_forward(torch.tensor([p]), doc.state)[0], -1)
+            for p in (prompt, other)
+        ]
+    allowed = logp[0] >= logp[0].max() + torch.log(torch.tensor(0.1))
+    want = int(torch.where(allowed, logp[0] - 3.0 * logp[1], -torch.inf).argmax())
+    contrast, _ = module.contrast_decode(method, doc.state, prompt, [other], 3.0, digits, max_new=1)
+    assert contrast == tok.decode([want])
+
+
+def test_key_contrast_table_counts_answers_and_the_gold_first_digits_ranks_per_lam():
+    module = load_script("niah_key_contrast")
+
+    def got(prediction, correct, near, rank):
+        return {"prediction": prediction, "correct": correct, "near": near, "rank": rank}
+
+    rows = [
+        {"id": "a", "0.0": got(" 3123.", False, True, 2), "1.0": got(" 4123.", True, True, 1)},
+        {"id": "b", "0.0": got(" 5.", True, False, 1), "1.0": got(" .", False, False, None)},
+    ]
+    assert module.table(rows, {"a": "3123.", "b": "6."}) == [
+        "2 items",
+        "lam 0.0: the eval's own answer on 1 of 2",
+        "lam 0.0: correct 1, 5+ of 7 digits 1, gold first digit ranked 1: 1, 2: 1",
+        "lam 1.0: correct 1, 5+ of 7 digits 1, gold first digit ranked 1: 1, none: 1",
+    ]
+
+
 def test_lora_read_probe_reads_from_the_question_and_records_the_gates():
     """`--read-question-only` (docs/RESULTS.md, "Twenty-ninth session"): the answer prompt's
     tokens before "Question:" read nothing, so with the cut at the prompt's end the answer is the
