@@ -12,8 +12,8 @@ where the keys j are `--others` random keys the context does not hold (the same 
 second term is what the memory and the prompt give for any key), over the tokens within a tenth of
 the top token's probability (the plausibility cut of contrastive decoding). lam = 0 is the eval's
 own greedy answer (the script checks it against `--check` lines when given). Per item and lam it
-prints the answer and, for the first digit, the gold digit's rank among the ten digits; then per
-lam the items answered, and the first digits right.
+prints the answer and, for the first digit, the gold digit's rank among the ten digits, and appends
+the item's line to `--out`; `--table` sums such a file up per lam.
 
     OMP_NUM_THREADS=1 python scripts/niah_key_contrast.py --length 64k -n 20 --lams 0,0.5,1 \\
         --out /tmp/contrast-64k.jsonl [--shard 0/2]
@@ -68,11 +68,11 @@ def contrast_decode(
         ]
         for _ in range(max_new):
             logp = [torch.log_softmax(x[0].float(), -1) for x in logits]
-            score = logp[0] - lam * torch.stack(logp[1:]).mean(0) if len(logp) > 1 else logp[0]
-            score = torch.where(logp[0] >= logp[0].max() + torch.log(torch.tensor(cut)), score, -torch.inf)
-            token = int(score.argmax())
+            scores = logp[0] - lam * torch.stack(logp[1:]).mean(0) if len(logp) > 1 else logp[0]
+            scores = torch.where(logp[0] >= logp[0].max() + torch.log(torch.tensor(cut)), scores, -torch.inf)
+            token = int(scores.argmax())
             if first is None and token in digit_ids:
-                first = [float(score[d]) for d in digit_ids]
+                first = [float(scores[d]) for d in digit_ids]
             if token in method.stop_ids:
                 break
             out.append(token)
@@ -137,7 +137,8 @@ def main() -> None:
     for item in items[shard::shards]:
         key, gold = item.meta["key"], item.answers[0]
         rng = random.Random(f"contrast-{item.id}")
-        keys = [random_key(rng, {key}) for _ in range(args.others)]
+        taken = {key}
+        keys = [random_key(rng, taken) for _ in range(args.others)]  # distinct, none the item's
         (done,) = method.cache.ingest_many([text_ids(item.context, tok)])
         state = answer_state(method.armt, done.state, done.tail)
         prompt = chat_prompt(tok, done.tail, item.question, item.answer_prefix)
