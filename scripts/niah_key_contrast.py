@@ -12,8 +12,10 @@ where the keys j are `--others` random keys the context does not hold (the same 
 second term is what the memory and the prompt give for any key), over the tokens within a tenth of
 the top token's probability (the plausibility cut of contrastive decoding). lam = 0 is the eval's
 own greedy answer (the script checks it against `--check` lines when given). Per item and lam it
-prints the answer and, for the first digit, the gold digit's rank among the ten digits, and appends
-the item's line to `--out`; `--table` sums such a file up per lam.
+prints the answer and, for the first digit, the gold digit's rank among the ten digits; it also
+records each other key's own greedy answer and the gold first digit's rank in it (does the read
+give the needle's digit to any key?), and appends the item's line to `--out`; `--table` sums such a
+file up.
 
     OMP_NUM_THREADS=1 python scripts/niah_key_contrast.py --length 64k -n 20 --lams 0,0.5,1 \\
         --out /tmp/contrast-64k.jsonl [--shard 0/2]
@@ -82,6 +84,17 @@ def contrast_decode(
     return method.tokenizer.decode(out, skip_special_tokens=True), first
 
 
+def gold_rank(first: list[float] | None, gold: str) -> int | None:
+    """Where the gold number's first digit ranks among the ten digits' scores (1: on top)."""
+    return None if first is None else sorted(first, reverse=True).index(first[int(gold[0])]) + 1
+
+
+def _ranks(ranks: list[int | None]) -> str:
+    counts = Counter("none" if r is None else r for r in ranks)
+    order = sorted(counts, key=lambda k: (k == "none", k if k != "none" else 0))
+    return ", ".join(f"{k}: {counts[k]}" for k in order)
+
+
 def table(rows: list[dict], check: dict[str, str] | None = None) -> list[str]:
     """Per lam: items answered, near misses, first digits right and the gold first digit's ranks;
     with `check` (eval lines' predictions by id) how many lam-0 answers are the eval's own."""
@@ -92,11 +105,19 @@ def table(rows: list[dict], check: dict[str, str] | None = None) -> list[str]:
         lines.append(f"lam {lams[0]}: the eval's own answer on {same} of {len(rows)}")
     for lam in lams:
         got = [r[lam] for r in rows]
-        ranks = Counter("none" if g["rank"] is None else g["rank"] for g in got)
-        order = sorted(ranks, key=lambda k: (k == "none", k if k != "none" else 0))
         right, near = sum(g["correct"] for g in got), sum(g["near"] for g in got)
-        ranked = ", ".join(f"{k}: {ranks[k]}" for k in order)
+        ranked = _ranks([g["rank"] for g in got])
         lines.append(f"lam {lam}: correct {right}, 5+ of 7 digits {near}, gold first digit ranked {ranked}")
+    own = [
+        (o, r[lams[0]]["prediction"].strip()) for r in rows for o in r.get("others", [])
+    ]  # older lines: none
+    if own:
+        ranked = _ranks([o["rank"] for o, _ in own])
+        same = sum(o["prediction"].strip() == mine for o, mine in own)
+        lines.append(
+            f"other keys' questions ({len(own)}): the item's own lam {lams[0]} answer on {same},"
+            f" gold first digit ranked {ranked}"
+        )
     return lines
 
 
@@ -144,10 +165,14 @@ def main() -> None:
         prompt = chat_prompt(tok, done.tail, item.question, item.answer_prefix)
         others = [chat_prompt(tok, done.tail, NIAH_QUESTION.format(k), NIAH_PREFIX.format(k)) for k in keys]
         row: dict = {"id": item.id, "split": args.split, "gold": gold, "depth": item.meta["depth"]}
+        row["others"] = []  # each other key's own greedy answer, and the gold first digit's rank in it
+        for k, other in zip(keys, others, strict=True):
+            text, first = contrast_decode(method, state, other, [], 0.0, digit_ids)
+            row["others"].append({"key": k, "prediction": text, "rank": gold_rank(first, gold)})
         for lam in lams:
             text, first = contrast_decode(method, state, prompt, others, lam, digit_ids)
             pred = "".join(c for c in text if c.isdigit())
-            rank = None if first is None else sorted(first, reverse=True).index(first[int(gold[0])]) + 1
+            rank = gold_rank(first, gold)
             row[str(lam)] = {
                 "prediction": text,
                 "correct": score("niah", text, item.answers).correct,

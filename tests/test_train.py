@@ -1837,12 +1837,23 @@ def test_key_contrast_table_counts_answers_and_the_gold_first_digits_ranks_per_l
         {"id": "a", "0.0": got(" 3123.", False, True, 2), "1.0": got(" 4123.", True, True, 1)},
         {"id": "b", "0.0": got(" 5.", True, False, 1), "1.0": got(" .", False, False, None)},
     ]
-    assert module.table(rows, {"a": "3123.", "b": "6."}) == [
+    table = [
         "2 items",
         "lam 0.0: the eval's own answer on 1 of 2",
         "lam 0.0: correct 1, 5+ of 7 digits 1, gold first digit ranked 1: 1, 2: 1",
         "lam 1.0: correct 1, 5+ of 7 digits 1, gold first digit ranked 1: 1, none: 1",
     ]
+    assert module.table(rows, {"a": "3123.", "b": "6."}) == table  # lines without other keys' answers
+    rows[0]["others"] = [
+        {"key": "k", "prediction": " 2.", "rank": 3},
+        {"key": "j", "prediction": " .", "rank": None},
+    ]
+    rows[1]["others"] = [{"key": "i", "prediction": " 5.", "rank": 1}]
+    assert module.table(rows, {"a": "3123.", "b": "6."}) == table + [
+        "other keys' questions (3): the item's own lam 0.0 answer on 1,"
+        " gold first digit ranked 1: 1, 3: 1, none: 1"
+    ]
+    assert module.gold_rank([0.0, 0.5, 0.2] + [0.1] * 7, "2431") == 2 and module.gold_rank(None, "2") is None
 
 
 def test_lora_read_probe_reads_from_the_question_and_records_the_gates():
