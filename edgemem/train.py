@@ -109,9 +109,10 @@ class Stage:
     keys: needles per document; the others are distractors with other keys.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
     lead_weight: prose recall only: the loss weight of the answer's first digit, against 1 for
-      every other answer token. The first digit is the one the key alone must bring back from
-      memory (each later digit follows the needle's digits before it); past the trained stream
-      lengths it is the one the answers lose, written as one digit whatever the gold one.
+      every other answer token. The first digit is the one memory must bring back with nothing of
+      the number before it (each later digit follows the needle's digits before it); past the
+      trained stream lengths it is the one the answers lose, written as one digit whatever the
+      gold one.
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
     mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
