@@ -171,12 +171,11 @@ def main() -> None:
             row["others"].append({"key": k, "prediction": text, "rank": gold_rank(first, gold)})
         for lam in lams:
             text, first = contrast_decode(method, state, prompt, others, lam, digit_ids)
-            pred = "".join(c for c in text if c.isdigit())
             rank = gold_rank(first, gold)
             row[str(lam)] = {
                 "prediction": text,
                 "correct": score("niah", text, item.answers).correct,
-                "near": near_miss(pred, gold),
+                "near": near_miss(text, gold),  # it reads the digits out of the text itself
                 "rank": rank,
             }
             print(f"{item.id} lam {lam}: {text.strip()!r} gold {gold} first-digit rank {rank}", flush=True)

@@ -104,7 +104,7 @@ def wrong_first_digits(records: list[dict]) -> Counter:
 
 def only_first_wrong(records: list[dict]) -> int:
     """Wrong answers (of the gold's length) whose first digit is their only wrong one: the needles
-    memory kept but for the digit the key alone has to bring back."""
+    memory kept but for the digit it brings back with nothing of the number before it."""
     return sum(digits[0] != gold[0] and digits[1:] == gold[1:] for digits, gold in _blurred(records))
 
 
