@@ -107,6 +107,9 @@ class Stage:
       document's first part (the item is redrawn until its evidence paragraph sits in the tail),
       as an answer window over a long document has it.
     keys: needles per document; the others are distractors with other keys.
+    distractor_segment: which written segment holds each distractor (the needle_segment choices;
+      "" places them as the asked needle). "any" with a "late" needle spreads other keys' numbers
+      over the whole stream written before the asked one, as a long haystack's own numbers are.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
     lead_weight: prose recall only: the loss weight of the answer's first digit, against 1 for
       every other answer token. The first digit is the one memory must bring back with nothing of
@@ -135,6 +138,7 @@ class Stage:
     p_view: float = 0.0
     view: str = "other"
     keys: int = 1
+    distractor_segment: str = ""
     digits: int = 7
     lead_weight: float = 1.0
     short_segment_len: int = 0
@@ -157,6 +161,11 @@ class Stage:
         if self.needle not in ("end", "random") or self.needle_segment not in NEEDLE_SEGMENTS:
             raise EdgememError(
                 f"stage {self.name!r}: needle is end|random, needle_segment {'|'.join(NEEDLE_SEGMENTS)}"
+            )
+        if self.distractor_segment not in ("", *NEEDLE_SEGMENTS):
+            raise EdgememError(
+                f"stage {self.name!r}: distractor_segment is {'|'.join(NEEDLE_SEGMENTS)} "
+                "(or empty: placed as needle_segment)"
             )
         if self.late < 1:
             raise EdgememError(f"stage {self.name!r}: late must be at least 1 segment")
@@ -383,8 +392,8 @@ class TokenRecall:
             doc = [rng.randrange(4, self.vocab) for _ in range(S * segments)]
             keys = rng.sample(range(4, self.vocab), stage.keys)
             values = [rng.randrange(4, 4 + self.values) for _ in keys]
-            for key, value in zip(keys, values, strict=True):
-                seg = _needle_segment(rng, stage, segments)
+            for i, (key, value) in enumerate(zip(keys, values, strict=True)):
+                seg = _needle_segment(rng, stage, segments, distractor=i > 0)
                 pos = S - 3 if stage.needle == "end" else rng.randrange(0, S - 2)
                 doc[seg * S + pos : seg * S + pos + 3] = [1, key, value]
             written.append(doc)
@@ -393,12 +402,14 @@ class TokenRecall:
         return Batch(torch.tensor(written), torch.tensor(answers), torch.tensor(targets), S)
 
 
-def _needle_segment(rng: random.Random, stage: Stage, segments: int) -> int:
-    if stage.needle_segment == "first":
+def _needle_segment(rng: random.Random, stage: Stage, segments: int, distractor: bool = False) -> int:
+    """The written segment a needle goes into; `distractor`: one of the other keys' needles."""
+    where = (stage.distractor_segment or stage.needle_segment) if distractor else stage.needle_segment
+    if where == "first":
         return 0
-    if stage.needle_segment == "last":
+    if where == "last":
         return segments - 1
-    if stage.needle_segment == "late":
+    if where == "late":
         return rng.randrange(max(0, segments - stage.late), segments)
     return rng.randrange(segments)
 
@@ -490,7 +501,7 @@ class ProseTasks:
                 continue
             if segments == 0:  # no memory to hold the distractors
                 break
-            seg = _needle_segment(rng, stage, segments)
+            seg = _needle_segment(rng, stage, segments, distractor=i > 0)
             pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
             doc[seg * S + pos : seg * S + pos + len(needle)] = needle
         tail = doc[S * segments :]

@@ -41,15 +41,25 @@ from edgemem.evaluate import adapter_id  # noqa: E402
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
 
 
+def placement(where: str, late: int) -> str:
+    """A needle_segment choice in words."""
+    return f"one of the last {late} segments" if where == "late" else f"{where} segment"
+
+
 def stage_rows(train_config: dict) -> list[str]:
     rows = [
         "| stage | task | steps | segment tokens | segments | needle | digits | keys | lr |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in train_config["stages"]:
-        late = s["needle_segment"] == "late"
-        where = f"one of the last {s['late']} segments" if late else f"{s['needle_segment']} segment"
-        needle = "-" if s["task"] == "lm" else f"{s['needle']} in {where}"
+        needle = (
+            "-"
+            if s["task"] == "lm"
+            else f"{s['needle']} in {placement(s['needle_segment'], s.get('late', 8))}"
+        )
+        spread = s.get("distractor_segment", "")  # configs from before it: placed as the needle
+        if spread and s["task"] != "lm":
+            needle += f" (distractors: {placement(spread, s.get('late', 8))})"
         task = f"mix of {', '.join(s['mix'])}" if s["task"] == "mix" else s["task"]
         lead = s.get("lead_weight", 1.0)  # configs from before Stage.lead_weight have none
         digits = f"{s['digits']} (first weighted x{lead:g})" if lead != 1 else str(s["digits"])

@@ -678,6 +678,10 @@ def test_ship_adapter_stage_row_says_where_a_stage_puts_its_needles():
     assert "| 7 | 2 |" in anywhere  # a config from before lead_weight: digits alone
     lead = ship.stage_rows({"stages": [{**stage, "needle_segment": "any", "lead_weight": 8.0}]})[2]
     assert "| 7 (first weighted x8) | 2 |" in lead
+    spread = ship.stage_rows(
+        {"stages": [{**stage, "needle_segment": "late", "late": 8, "distractor_segment": "any"}]}
+    )
+    assert "| random in one of the last 8 segments (distractors: any segment) |" in spread[2]
 
 
 def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_machine():
@@ -869,6 +873,28 @@ def test_late_needles_sit_in_the_last_segments_after_the_whole_stream():
         replace(stage, late=0)
     with pytest.raises(EdgememError, match="first|last|any|late"):
         replace(stage, needle_segment="middle")
+
+
+def test_distractors_spread_over_the_stream_while_the_asked_needle_stays_late():
+    """distractor_segment "any" puts other keys' needles anywhere in the written stream and leaves
+    the asked needle in the last `late` segments; empty (the default) places them as the asked one,
+    and an unknown placement is refused."""
+    stage = tiny_config(segments=(12,), needle_segment="late", late=2, keys=4, needle="random").stages[0]
+    spread = replace(stage, distractor_segment="any")
+    asked, others = set(), set()
+    for seed in range(20):
+        batch = TokenRecall(VOCAB).batch(random.Random(seed), spread, 4, 12)
+        for row, answer in zip(batch.written, batch.answer, strict=True):
+            for at in (row == 1).nonzero().flatten().tolist():
+                if at + 1 < len(row):
+                    (asked if row[at + 1] == answer[1] else others).add(at // 4)
+    assert asked <= {10, 11} and asked
+    assert len(others - {10, 11}) >= 6  # spread far before the asked needle's window
+    for seed in range(5):  # the default: every needle late
+        batch = TokenRecall(VOCAB).batch(random.Random(seed), stage, 4, 12)
+        assert {at // 4 for at in (batch.written == 1).nonzero()[:, 1].tolist()} <= {10, 11}
+    with pytest.raises(EdgememError, match="distractor_segment"):
+        replace(stage, distractor_segment="middle")
 
 
 def test_gradient_checkpointing_and_truncation():
