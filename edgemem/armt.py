@@ -94,6 +94,15 @@ class ARMTConfig:
     # (docs/RESULTS.md, "Twenty-ninth session"). Starts open (g = 1): training may add it to an
     # ungated adapter (`TrainConfig.read_gate`, `init`).
     read_gate: bool = False
+    # Sentence-aligned segments (0: off, every segment S tokens). With N > 0 a written segment ends
+    # after the last sentence end (a token ending in . ! ? or holding a newline:
+    # `sentence_end_ids`) among its last N tokens, so it holds S - N + 1..S tokens, and a sentence
+    # of up to N tokens is never cut in two. A needle cut by a segment boundary writes its number
+    # without its key beside it, and the adapters never saw one in training (their needles sit
+    # inside a segment): the shipped adapter answered none of the 2k-16k test items whose needle
+    # a fixed boundary cut (docs/RESULTS.md, "Forty-second session"). It changes which segments a
+    # stored state holds, so it travels with the adapter and its hash, as answer_window does.
+    segment_align: int = 0
 
     @classmethod
     def for_model(cls, num_layers: int, **overrides: object) -> ARMTConfig:
@@ -104,8 +113,8 @@ class ARMTConfig:
     def to_json(self) -> str:
         """JSON of the config; without LoRA the LoRA fields are left out, and so are norm_inputs when
         off and write_source when "write_tokens", so adapters and stored states keyed by the config
-        keep the hashes they had before those options existed (answer_window too, when 0, and
-        read_gate when off)."""
+        keep the hashes they had before those options existed (answer_window and segment_align too,
+        when 0, and read_gate when off)."""
         data = asdict(self)
         if not self.lora_rank:
             del data["lora_rank"], data["lora_alpha"]
@@ -117,6 +126,8 @@ class ARMTConfig:
             del data["answer_window"]
         if not self.read_gate:
             del data["read_gate"]
+        if not self.segment_align:
+            del data["segment_align"]
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -565,6 +576,8 @@ def config_problem(config: ARMTConfig) -> str | None:
         return f"write_source {config.write_source!r} is not one of {', '.join(WRITE_SOURCES)}"
     if problem := answer_window_problem(config.answer_window, config.segment_len):
         return problem
+    if not whole(config.segment_align, 0, config.segment_len - 1):
+        return f"segment_align {config.segment_align!r} is not a whole number from 0 to segment_len - 1"
     if not whole(config.lora_rank, 0, 1024):
         return f"lora_rank {config.lora_rank!r} is not a whole number from 0 to 1024"
     alpha = config.lora_alpha
@@ -638,15 +651,46 @@ def text_ids(text: str, tokenizer: object) -> list[int]:
     return [i for chunk in tokenize_stream([text], tokenizer) for i in chunk]
 
 
+def sentence_end_ids(tokenizer: object) -> frozenset[int]:
+    """Ids of the tokens that end a sentence or a line (`ARMTConfig.segment_align`): their text,
+    trailing spaces aside, ends in . ! or ?, or holds a newline."""
+    ends = set()
+    for i in range(len(tokenizer)):  # type: ignore[arg-type]
+        text = tokenizer.decode([i])  # type: ignore[attr-defined]
+        if "\n" in text or text.rstrip(" ").endswith((".", "!", "?")):
+            ends.add(i)
+    return frozenset(ends)
+
+
+def segment_end(ids: list[int], start: int, segment_len: int, align: int, ends: frozenset[int]) -> int:
+    """Where the segment that starts at `start` ends (exclusive): start + S, or with `align` N > 0
+    just after the last of `ends` among its last N ids (start + S - N + 1..start + S). Needs
+    ids[start : start + S]; depends on nothing after them."""
+    end = start + segment_len
+    if align:
+        for j in range(end - 1, end - 1 - align, -1):
+            if ids[j] in ends:
+                return j + 1
+    return end
+
+
 def iter_segments(
-    token_chunks: Iterable[list[int]], segment_len: int, tail: list[int], window: int = 0
+    token_chunks: Iterable[list[int]],
+    segment_len: int,
+    tail: list[int],
+    window: int = 0,
+    align: int = 0,
+    ends: frozenset[int] = frozenset(),
 ) -> Iterator[list[int]]:
-    """Full segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back
-    (with an answer `window` >= S: keeping the last W - S + 1..W ids back, `ARMTConfig.answer_window`).
+    """Segments of `segment_len` ids from chunks of any sizes, always keeping >= 1 token back
+    (with an answer `window` >= S: keeping the last W - S + 1..W ids back, `ARMTConfig.answer_window`);
+    with `align` N > 0 each one ends after its last id of `ends` among its last N ids
+    (`segment_end`, `ARMTConfig.segment_align`), so it holds S - N + 1..S of them.
 
     When the chunks run out, the remaining 1..S ids (W - S + 1..W; all of them when there are
-    fewer) are left in `tail` (cleared first). Holds at most one pending chunk plus max(S, W) ids:
-    nothing grows with the document.
+    fewer; with `align`, 1..S or W - S + 1..W as well, of the ids after the last segment) are left
+    in `tail` (cleared first). Holds at most one pending chunk plus max(S, W) ids: nothing grows
+    with the document.
     """
     tail.clear()
     buffer = tail
@@ -655,13 +699,27 @@ def iter_segments(
         buffer.extend(chunk)
         offset = 0
         while len(buffer) - offset > keep:
-            yield buffer[offset : offset + segment_len]
-            offset += segment_len
+            end = segment_end(buffer, offset, segment_len, align, ends)
+            yield buffer[offset:end]
+            offset = end
         del buffer[:offset]
 
 
+def segment_bounds(
+    ids: list[int], segment_len: int, window: int = 0, align: int = 0, ends: frozenset[int] = frozenset()
+) -> list[int]:
+    """Where each segment `iter_segments` writes of `ids` ends: [e_1, .., e_n], segment k being
+    ids[e_{k-1} : e_k] (e_0 = 0); the tail is ids[e_n:]. Without `align`, e_k = k * S."""
+    bounds, offset, keep = [], 0, max(segment_len, window)
+    while len(ids) - offset > keep:
+        offset = segment_end(ids, offset, segment_len, align, ends)
+        bounds.append(offset)
+    return bounds
+
+
 def written_segments(n_tokens: int, segment_len: int, window: int = 0) -> int:
-    """How many whole segments `iter_segments` writes of `n_tokens` ids (the rest is the tail)."""
+    """How many whole segments `iter_segments` writes of `n_tokens` ids (the rest is the tail), with
+    fixed segments (aligned ones: `segment_bounds`)."""
     return max(0, -(-(n_tokens - max(segment_len, window)) // segment_len))
 
 
@@ -685,15 +743,19 @@ def ingest(
     checkpoint: Callable[[MemoryState, int], None] | None = None,
     checkpoint_every_s: float = 30.0,
     should_stop: Callable[[], bool] | None = None,
+    ends: frozenset[int] = frozenset(),
 ) -> IngestResult:
-    """Stream token chunks of any sizes through memory, one segment of S tokens at a time.
+    """Stream token chunks of any sizes through memory, one segment of S tokens at a time (with the
+    config's `segment_align` N, S - N + 1..S tokens, each ending after a sentence: `ends` are the
+    tokenizer's `sentence_end_ids`).
 
     `armt` is the model, or any engine with the same `config`, `device`, `empty_state` and `step`
     (the backends of `edgemem.runtime`). The last 1..S tokens are kept as the tail (see `IngestResult`;
     W - S + 1..W with the config's answer window W).
 
     Resuming: `state` is a checkpoint's state and `start_tokens` the number of ids it already
-    holds (its writes times S); that many ids are skipped from the start of the same stream, and
+    holds (its writes times S, or with aligned segments its writes times S - N + 1..S); that many
+    ids are skipped from the start of the same stream (a segment's end: the next one starts there), and
     the result is the one an uninterrupted run reaches. `checkpoint(state, tokens)` is called with
     the state after a whole segment at most every `checkpoint_every_s` seconds, when
     `should_stop()` says so between segments (then `IngestCancelled` is raised), and when anything
@@ -701,8 +763,12 @@ def ingest(
     """
     S = armt.config.segment_len
     window = getattr(armt.config, "answer_window", 0)  # a SWAX runtime's config has none
+    align = getattr(armt.config, "segment_align", 0)
+    if align and not ends:
+        raise EdgememError("aligned segments (segment_align) need the tokenizer's sentence ends")
     if start_tokens:
-        if state is None or start_tokens != state.writes * S:
+        writes = 0 if state is None else state.writes
+        if not writes * (S - align + 1 if align else S) <= start_tokens <= writes * S:
             raise EdgememError(f"a resumed ingest needs a state with {start_tokens} / {S} writes")
         token_chunks = _skip_tokens(token_chunks, start_tokens)
     state = state or armt.empty_state()
@@ -720,7 +786,7 @@ def ingest(
 
     try:
         with torch.inference_mode():
-            for segment in iter_segments(token_chunks, S, tail, window):
+            for segment in iter_segments(token_chunks, S, tail, window, align, ends):
                 state, _ = armt.step(torch.tensor([segment], dtype=torch.long, device=device), state)
                 written += len(segment)
                 if progress is not None:

@@ -20,6 +20,7 @@ from edgemem.armt import (
     config_problem,
     ingest,
     read_adapter,
+    sentence_end_ids,
     tokenize_stream,
 )
 from edgemem.documents import Scan, iter_text
@@ -150,6 +151,7 @@ class Assistant:
                 if notice is not None:
                     notice(f"resuming the ingest of {path} from {start:,} tokens")
         tokens = tokenize_stream(iter_text(source), self.runtime.tokenizer)
+        align = getattr(self.runtime.config, "segment_align", 0)  # a SWAX runtime's config has none
         doc = ingest(
             self.runtime,
             tokens,
@@ -159,6 +161,7 @@ class Assistant:
             checkpoint=lambda state, n: library.save_checkpoint(path, *key, state, n),
             checkpoint_every_s=checkpoint_every_s,
             should_stop=should_stop,
+            ends=sentence_end_ids(self.runtime.tokenizer) if align else frozenset(),
         )
         record = library.save(path, *key, doc)
         return record, doc, False

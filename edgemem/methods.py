@@ -28,11 +28,11 @@ from edgemem.armt import (
     MemoryState,
     answer_state,
     generate_ids,
-    iter_segments,
     prompt_ids,
+    segment_bounds,
+    sentence_end_ids,
     stop_token_ids,
     text_ids,
-    written_segments,
 )
 from edgemem.data.tasks import Item
 from edgemem.errors import EdgememError
@@ -271,11 +271,13 @@ class RAGMethod(_Baseline):
 
 class Ingested(NamedTuple):
     """One context through memory: the state after its full segments, the ids left for the answer
-    prompt, and how many segments were actually stepped for it (the rest came from the cache)."""
+    prompt, and how many segments (and their tokens) were actually stepped for it (the rest came
+    from the cache)."""
 
     state: MemoryState
     tail: list[int]
     stepped: int
+    stepped_tokens: int
 
 
 class PrefixStateCache:
@@ -286,13 +288,18 @@ class PrefixStateCache:
     ingest (tested), as an inference server reuses a KV cache prefix. Items with one haystack and
     needles at different depths share everything before the needle's segment. At most
     `max_states` states are kept (every k-th segment for long contexts): 5.3 MB each for SmolLM2.
+    With aligned segments (`ARMTConfig.segment_align`; `ends`: the tokenizer's
+    `sentence_end_ids`) where segment k ends depends on the S ids from its start, so a state is
+    reused where the contexts share those too.
     """
 
-    def __init__(self, armt: ARMT, max_states: int = 64) -> None:
+    def __init__(self, armt: ARMT, max_states: int = 64, ends: frozenset[int] = frozenset()) -> None:
         self.armt = armt
         self.max_states = max_states
+        self.ends = ends
         self._prev: list[int] = []
         self._states: dict[int, MemoryState] = {0: armt.empty_state()}
+        self._needs: dict[int, int] = {0: 0}  # ids of the context the state after k segments rests on
         self.segments_run = 0  # segment rows actually stepped, over all contexts
 
     def ingest(self, ids: list[int]) -> Ingested:
@@ -301,22 +308,27 @@ class PrefixStateCache:
 
     def ingest_many(self, contexts: list[list[int]]) -> list[Ingested]:
         """Several contexts side by side: each segment step runs as one [B, S] batch of the contexts
-        still going (a CPU's matrix units do more per second on B rows than on one).
+        still going (a CPU's matrix units do more per second on B rows than on one); with aligned
+        segments, whose lengths differ between contexts, one context after the other.
 
         All of them start from the longest cached prefix they all share with the previous call's
         last context; the cache then holds states of this call's last context.
         """
         S, window = self.armt.config.segment_len, self.armt.config.answer_window
-        n_full = [written_segments(len(ids), S, window) for ids in contexts]
+        align = self.armt.config.segment_align
+        if align and len(contexts) > 1:
+            return [self.ingest_many([ids])[0] for ids in contexts]
+        bounds = [segment_bounds(ids, S, window, align, self.ends) for ids in contexts]
         common = min(_common_prefix(self._prev, ids) for ids in contexts)
-        start = max(k for k in self._states if k * S <= common and k <= min(n_full))
+        start = max(k for k in self._states if self._needs[k] <= common and k <= min(len(b) for b in bounds))
         last = len(contexts) - 1
         states = {k: s for k, s in self._states.items() if k <= start}
-        stride = max(1, -(-n_full[last] // self.max_states))
-        tails: list[list[int]] = [[] for _ in contexts]
+        stride = max(1, -(-len(bounds[last]) // self.max_states))
         segments = [
-            list(iter_segments([c[start * S :]], S, t, window)) for c, t in zip(contexts, tails, strict=True)
+            [c[a:b] for a, b in zip([0, *bs][start : len(bs)], bs[start:], strict=True)]
+            for c, bs in zip(contexts, bounds, strict=True)
         ]
+        tails = [c[bs[-1] if bs else 0 :] for c, bs in zip(contexts, bounds, strict=True)]
         finals: dict[int, MemoryState] = {}
         running = list(range(len(contexts)))  # the contexts in the batch, in row order
         batch = MemoryState.cat([self._states[start]] * len(contexts))
@@ -337,8 +349,13 @@ class PrefixStateCache:
                 self.segments_run += len(running)
                 if running[-1] == last and (start + k + 1) % stride == 0:
                     states[start + k + 1] = batch.rows([len(running) - 1])
+        starts = [0, *bounds[last]]
+        self._needs = {k: 0 if k == 0 else starts[k - 1] + S for k in states}
         self._prev, self._states = contexts[last], states
-        return [Ingested(finals[i], tails[i], len(segments[i])) for i in range(len(contexts))]
+        return [
+            Ingested(finals[i], tails[i], len(segments[i]), sum(map(len, segments[i])))
+            for i in range(len(contexts))
+        ]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -363,7 +380,8 @@ class ARMTMethod:
         self.dtype = _dtype_name(armt.base.dtype)
         self.stop_ids = stop_token_ids(tokenizer)
         self.kv_per_token = kv_bytes_per_token(armt.base.config)
-        self.cache = PrefixStateCache(armt)
+        align = armt.config.segment_align
+        self.cache = PrefixStateCache(armt, ends=sentence_end_ids(tokenizer) if align else frozenset())
 
     def _ids(self, text: str) -> list[int]:
         return text_ids(text, self.tokenizer)
@@ -381,7 +399,7 @@ class ARMTMethod:
             state = answer_state(self.armt, done.state, done.tail)
             answer = list(generate_ids(self.armt, state, prompt, self.stop_ids, max_new_tokens))
             computed = (
-                done.stepped * self.armt.config.segment_len
+                done.stepped_tokens
                 + (0 if self.armt.config.answer_window else len(done.tail))
                 + len(prompt)
                 + len(answer)

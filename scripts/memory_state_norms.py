@@ -16,15 +16,36 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from edgemem.armt import text_ids
+from edgemem.armt import ARMT, text_ids
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.files import atomic_write_text
 from edgemem.methods import build
+
+
+def norm_rows(
+    armt: ARMT, ids: list[int], on_row: Callable[[dict[str, float]], None] | None = None
+) -> list[dict[str, float]]:
+    """Write every full segment of `ids` (one step each, batch 1, no gradient) from an empty state:
+    one row per write, {"writes": n, "A<layer>": |A|, "z<layer>": |z|} (Frobenius norms), each
+    also handed to `on_row` as soon as it is made."""
+    S = armt.config.segment_len
+    state, rows = armt.empty_state(), []
+    with torch.no_grad():
+        for s in range(len(ids) // S):
+            state, _ = armt.step(torch.tensor([ids[s * S : (s + 1) * S]]), state)
+            row: dict[str, float] = {"writes": state.writes}
+            row.update({f"A{layer}": float(a.norm()) for layer, a in state.A.items()})
+            row.update({f"z{layer}": float(z.norm()) for layer, z in state.z.items()})
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
 
 
 def main() -> None:
@@ -44,19 +65,14 @@ def main() -> None:
     armt, tokenizer = method.armt, method.tokenizer
     item = Builder(tokenizer, split=args.split).item("niah", length, args.index, args.index + 1)
     ids = text_ids(item.context, tokenizer)
-    S = armt.config.segment_len
-    state, rows = armt.empty_state(), []
-    print(f"{item.id} ({args.split}): {len(ids)} tokens, {len(ids) // S} segments of {S}")
-    with torch.no_grad():
-        for s in range(len(ids) // S):
-            state, _ = armt.step(torch.tensor([ids[s * S : (s + 1) * S]]), state)
-            row = {"writes": state.writes}
-            row.update({f"A{layer}": float(a.norm()) for layer, a in state.A.items()})
-            row.update({f"z{layer}": float(z.norm()) for layer, z in state.z.items()})
-            rows.append(row)
-            if state.writes in show:
-                cells = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "writes")
-                print(f"write {state.writes:4d}: {cells}", flush=True)
+    print(f"{item.id} ({args.split}): {len(ids)} tokens, {len(ids) // armt.config.segment_len} segments")
+
+    def report(row: dict[str, float]) -> None:
+        if row["writes"] in show:
+            cells = " ".join(f"{k} {v:.4g}" for k, v in row.items() if k != "writes")
+            print(f"write {row['writes']:4d}: {cells}", flush=True)
+
+    rows = norm_rows(armt, ids, report)
     if args.out:
         atomic_write_text(args.out, json.dumps(rows))
 

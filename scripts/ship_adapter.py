@@ -12,7 +12,8 @@ after this script, or with `--adapter edgemem/adapters/<model>.safetensors`).
 float16 halves the file; the script checks that no tensor moves by more than float16 rounding.
 `--answer-window N` ships the adapter with that answer window in its memory config
 (`ARMTConfig.answer_window`: `edgemem ask` and `edgemem eval` then answer with it by default);
-evaluate it first with `edgemem eval --adapter <file> --answer-window N`.
+evaluate it first with `edgemem eval --adapter <file> --answer-window N`. `--segment-align N`
+likewise ships it with sentence-aligned segments (`ARMTConfig.segment_align`).
 A blend (`scripts/blend_adapters.py`) ships the same way, with `--run` its second parent's run
 folder: the card says it is a blend, of which two adapters at which weights, and that its
 training lines are that run's.
@@ -257,13 +258,17 @@ def ship(
     out_dir: Path,
     command: str,
     answer_window: int | None = None,
+    segment_align: int | None = None,
 ) -> tuple[Path, str]:
     """Write `out_dir/<model>.safetensors` (float16) and its card. Returns (path, adapter hash).
-    `answer_window` None: the adapter's own."""
+    `answer_window` and `segment_align` None: the adapter's own."""
     config, tensors = read_adapter(adapter)
     meta, _ = read_safetensors(adapter, "adapter")
     if answer_window is not None:  # checked as a reader will check it, before anything is written
         config = parse_config(replace(config, answer_window=answer_window).to_json(), "--answer-window")
+        meta = {**meta, "config": config.to_json()}
+    if segment_align is not None:
+        config = parse_config(replace(config, segment_align=segment_align).to_json(), "--segment-align")
         meta = {**meta, "config": config.to_json()}
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]
@@ -349,20 +354,30 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--eval", type=Path, nargs="*", default=[], help="evaluation JSONL files to summarise")
     ap.add_argument("--out", type=Path, default=ROOT / "edgemem" / "adapters")
     ap.add_argument("--answer-window", type=int, help="ship with this answer window in its config")
+    ap.add_argument("--segment-align", type=int, help="ship with this segment alignment in its config")
     return ap
 
 
-def command_line(adapter: Path, run: Path, evals: list[Path], answer_window: int | None = None) -> str:
+def command_line(
+    adapter: Path,
+    run: Path,
+    evals: list[Path],
+    answer_window: int | None = None,
+    segment_align: int | None = None,
+) -> str:
     """The card's record of how it was shipped: a command that `parser()` reads back the same."""
     line = f"python scripts/ship_adapter.py {adapter} --run {run}"
     line += f" --answer-window {answer_window}" if answer_window is not None else ""
+    line += f" --segment-align {segment_align}" if segment_align is not None else ""
     return f"{line} --eval {' '.join(map(str, evals))}" if evals else line
 
 
 def main() -> None:
     args = parser().parse_args()
-    command = command_line(args.adapter, args.run, args.eval, args.answer_window)
-    out, digest = ship(args.adapter, args.run, args.eval, args.out, command, args.answer_window)
+    command = command_line(args.adapter, args.run, args.eval, args.answer_window, args.segment_align)
+    out, digest = ship(
+        args.adapter, args.run, args.eval, args.out, command, args.answer_window, args.segment_align
+    )
     size = out.stat().st_size / 1e6
     print(f"wrote {out} ({size:.1f} MB) and {out.with_suffix('.md')}; hash {digest[:16]}")
 

@@ -16,6 +16,8 @@ from edgemem.armt import (
     parse_config,
     read_adapter,
     save_adapter,
+    segment_bounds,
+    sentence_end_ids,
     written_segments,
 )
 from edgemem.errors import EdgememError
@@ -156,6 +158,94 @@ def test_iter_segments_with_an_answer_window_keeps_its_last_w_minus_s_plus_one_t
             assert W - S < len(tail) <= W if n > W else tail == ids
             assert len(segments) == written_segments(n, S, W)
             assert len(list(iter_segments([ids], S, tail))) == written_segments(n, S) == (n - 1) // S
+
+
+def test_aligned_segments_end_after_a_sentence_and_never_cut_one_of_up_to_n_tokens():
+    """With segment_align N each segment ends just after the last sentence end among the last N ids
+    of its S (S - N + 1..S ids; S when there is none), whatever the chunking; `segment_bounds`
+    says the same ends; the tail keeps W - S + 1..W ids. A text of sentences of up to N ids is
+    never cut inside one (a needle is written whole, with its key)."""
+    import random
+
+    S, N, END = 10, 4, 1
+    rng = random.Random(0)
+    ids = [rng.choice([END, 2, 3, 4, 5, 6, 7, 8]) for _ in range(300)]
+    for W in (0, 25):
+        keep = max(S, W)
+        for step in (1, 7, 300):
+            tail: list[int] = []
+            chunks = [ids[i : i + step] for i in range(0, len(ids), step)]
+            segments = list(iter_segments(chunks, S, tail, W, N, frozenset({END})))
+            assert [i for seg in segments for i in seg] + tail == ids and keep - S < len(tail) <= keep
+            bounds = segment_bounds(ids, S, W, N, frozenset({END}))
+            assert [b - a for a, b in zip([0, *bounds], bounds, strict=False)] == [len(g) for g in segments]
+            for a, seg in zip([0, *bounds], segments, strict=False):
+                window = ids[a + S - N : a + S]
+                if END in window:
+                    assert seg[-1] == END and END not in ids[a + len(seg) : a + S]
+                else:
+                    assert len(seg) == S
+    sentences = []
+    while len(sentences) < 300:
+        sentences += [rng.randrange(2, 9) for _ in range(rng.randrange(0, N))] + [END]
+    tail = []
+    segments = list(iter_segments([sentences], S, tail, 0, N, frozenset({END})))
+    assert segments and all(seg[-1] == END and S - N < len(seg) <= S for seg in segments)
+    fixed = list(iter_segments([sentences], S, [], 0))
+    assert any(seg[-1] != END for seg in fixed)  # fixed segments do cut sentences
+    assert segment_bounds(ids, S, W) == [S * (k + 1) for k in range(written_segments(len(ids), S, W))]
+
+
+def test_sentence_end_ids_are_the_tokens_that_end_a_sentence_or_a_line():
+    """The real tokenizer's sentence ends: '.', '!', '?' and newline tokens, not words or digits."""
+    from edgemem.models import load_tokenizer
+
+    tok = load_tokenizer("smollm2-135m-instruct")
+    ends = sentence_end_ids(tok)
+    for text in (".", "!", "?", "\n"):
+        assert tok(text, add_special_tokens=False).input_ids[-1] in ends
+    for text in (" the", " 7", " magic", ":"):
+        assert tok(text, add_special_tokens=False).input_ids[-1] not in ends
+    assert 10 < len(ends) < len(tok) // 10
+
+
+def test_segment_align_travels_with_the_config_and_keeps_old_hashes():
+    """segment_align is part of the adapter's config (and so of a stored state's key), left out of
+    the JSON when 0 so older adapters keep their hashes; N >= S is refused when a config is read."""
+    config = ARMTConfig.for_model(30, segment_len=128)
+    assert "segment_align" not in config.to_json()
+    aligned = ARMTConfig.for_model(30, segment_len=128, segment_align=48)
+    assert parse_config(aligned.to_json(), "x") == aligned and aligned.to_json() != config.to_json()
+    with pytest.raises(EdgememError, match="segment_align"):
+        parse_config(ARMTConfig.for_model(30, segment_len=128, segment_align=128).to_json(), "x")
+
+
+def test_aligned_ingest_resumes_to_the_uninterrupted_state_and_needs_the_sentence_ends():
+    """An aligned ingest stopped after k segments and resumed from their state and token count
+    reaches the uninterrupted state and tail; a resume whose token count no k aligned segments can
+    hold is refused, and so is an aligned ingest without the tokenizer's sentence ends."""
+    from dataclasses import replace
+
+    armt = make("llama")
+    randomise_memory(armt)
+    S = armt.config.segment_len
+    armt.config = replace(armt.config, segment_align=S // 2)
+    ends = frozenset({5})
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 12, (9 * S + 5,), generator=g).tolist()
+    full = ingest(armt, [ids], ends=ends)
+    bounds = segment_bounds(ids, S, 0, S // 2, ends)
+    assert len(bounds) == full.state.writes and any(b % S for b in bounds)
+    first = ingest(armt, [ids[: bounds[3] + 1]], ends=ends)
+    assert first.state.writes == 4
+    resumed = ingest(armt, [ids], first.state, start_tokens=bounds[3], ends=ends)
+    assert resumed.tail_ids == full.tail_ids and resumed.state.writes == full.state.writes
+    for name, tensor in full.state.named_tensors().items():
+        torch.testing.assert_close(resumed.state.named_tensors()[name], tensor)
+    with pytest.raises(EdgememError, match="resumed"):
+        ingest(armt, [ids], first.state, start_tokens=4 * S + 1, ends=ends)
+    with pytest.raises(EdgememError, match="sentence ends"):
+        ingest(armt, [ids])
 
 
 def test_answer_window_travels_with_the_config_and_keeps_old_hashes():

@@ -47,11 +47,42 @@ def test_prefix_state_reuse_reaches_the_state_of_a_fresh_ingest():
     cache = PrefixStateCache(armt)
     for ids in (first, second, second[:50], first):
         before = cache.segments_run
-        state, tail, _ = cache.ingest(ids)
+        state, tail, _, _ = cache.ingest(ids)
         fresh = ingest(armt, [ids])
         assert _same_state(state, fresh.state) and tail == fresh.tail_ids
         if ids is second:
             assert cache.segments_run - before == (len(second) - 1) // 8 - 4  # only what follows the prefix
+
+
+def test_prefix_state_reuse_with_aligned_segments_reaches_the_state_of_a_fresh_ingest():
+    """With aligned segments (`ARMTConfig.segment_align`) a cached state is reused only where the
+    contexts share the ids its segments' ends were chosen from; the states, tails and stepped
+    tokens are those of a fresh aligned ingest, one context at a time or side by side."""
+    from dataclasses import replace
+
+    from edgemem.armt import segment_bounds
+
+    armt = make("llama", segment_len=8)
+    randomise_memory(armt)
+    armt.config = replace(armt.config, segment_align=4)
+    ends = frozenset({5})
+    g = torch.Generator().manual_seed(1)
+    first = torch.randint(3, 12, (90,), generator=g).tolist()
+    second = first[:41] + torch.randint(3, 12, (40,), generator=g).tolist()
+    cache = PrefixStateCache(armt, ends=ends)
+    for ids in (first, second, second[:50], first):
+        before = cache.segments_run
+        got = cache.ingest(ids)
+        fresh = ingest(armt, [ids], ends=ends)
+        bounds = segment_bounds(ids, 8, 0, 4, ends)
+        assert _same_state(got.state, fresh.state) and got.tail == fresh.tail_ids
+        assert got.stepped_tokens == bounds[-1] - ([0, *bounds][len(bounds) - got.stepped])
+        if ids is second:  # the segments whose S ids lie inside the shared 41 are reused
+            reusable = sum(1 for a in [0, *bounds][:-1] if a + 8 <= 41)
+            assert cache.segments_run - before == len(bounds) - reusable > 0
+    done = cache.ingest_many([second, first[:60]])
+    for ids, got in zip([second, first[:60]], done, strict=True):
+        assert _close_state(got.state, ingest(armt, [ids], ends=ends).state)
 
 
 def _close_state(a, b) -> bool:
@@ -82,7 +113,7 @@ def test_contexts_ingested_side_by_side_reach_the_states_of_one_by_one_ingests()
         assert got.stepped == (len(ids) - 1) // 8  # the shortest context shares no whole cached segment
     assert cache.segments_run - before == sum(got.stepped for got in done)
     # the cache now holds the last context's states: a deeper needle in its prefix resumes from them
-    state, tail, stepped = cache.ingest(haystack[:5] + [2] * 20)
+    state, tail, stepped, _ = cache.ingest(haystack[:5] + [2] * 20)
     assert stepped == 3 and _close_state(state, ingest(armt, [haystack[:5] + [2] * 20]).state)
     # the batch starts from the prefix every context shares with the previous call's last context
     cache.ingest(deep)

@@ -563,6 +563,14 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     with pytest.raises(EdgememError, match="answer_window"):  # shorter than a segment: nothing written
         ship.ship(adapter, tmp_path / "run", [], tmp_path, "ship", answer_window=1)
     assert not (tmp_path / "tiny.safetensors").exists()
+    # --segment-align: the same tensors, with sentence-aligned segments in the config (a new hash)
+    out_a, digest_a = ship.ship(adapter, tmp_path / "run", [], windowed, "ship", segment_align=2)
+    config_a, tensors_a = read_adapter(out_a)
+    assert config_a.segment_align == 2 and config_a.answer_window == 0 and digest_a not in (digest, digest_w)
+    assert all(torch.equal(tensors_a[k], t) for k, t in tensors.items())
+    with pytest.raises(EdgememError, match="segment_align"):
+        ship.ship(adapter, tmp_path / "run", [], tmp_path, "ship", segment_align=memory_config.segment_len)
+    assert not (tmp_path / "tiny.safetensors").exists()
 
 
 def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp_path):
@@ -811,13 +819,13 @@ def test_ship_adapter_card_command_reads_back_every_eval_file():
 
     ship = load_script("ship_adapter")
     evals = [Path("docs/eval/m/niah.armt.jsonl"), Path("docs/eval/m/vt.armt.jsonl")]
-    for given, window in ((evals, None), ([], None), (evals, 1024)):
-        line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given, window)
+    for given, window, align in ((evals, None, None), ([], None, None), (evals, 1024, 48)):
+        line = ship.command_line(Path("runs/a.safetensors"), Path("runs/r"), given, window, align)
         args = ship.parser().parse_args(shlex.split(line)[2:])
         assert (
             args.eval == given and args.adapter == Path("runs/a.safetensors") and args.run == Path("runs/r")
         )
-        assert args.answer_window == window
+        assert args.answer_window == window and args.segment_align == align
 
 
 def test_frozen_backbone_trains_only_the_adapter(tmp_path):
@@ -2041,3 +2049,61 @@ def test_lead_weight_scales_the_first_digits_share_of_a_recall_items_loss(prose_
     assert torch.allclose(unit, plain) and torch.allclose(heavy, alone, rtol=1e-5)
     assert not torch.allclose(heavy, plain)
     assert [e["exact"] for e in exact] == [1.0, 1.0]
+
+
+def test_memory_state_norms_rows_are_the_norms_of_the_state_after_each_write():
+    """`memory_state_norms.py` (docs/RESULTS.md, "Thirty-eighth session"): one row per full segment
+    written (a partial last segment is not), each the Frobenius norms of A and z per memory layer of
+    the state the ARMT step returns after that write, handed to the callback as it is made."""
+    module = load_script("memory_state_norms")
+    armt = writing_armt()
+    S = armt.config.segment_len
+    ids = [random.Random(0).randrange(4, VOCAB) for _ in range(3 * S + S // 2)]
+    seen = []
+    rows = module.norm_rows(armt, ids, seen.append)
+    assert [r["writes"] for r in rows] == [1, 2, 3] and seen == rows
+    state = armt.empty_state()
+    with torch.no_grad():
+        for s in range(3):
+            state, _ = armt.step(torch.tensor([ids[s * S : (s + 1) * S]]), state)
+            assert len(rows[s]) == 1 + 2 * len(state.A) == 1 + 2 * len(armt.memories)
+            for layer, a in state.A.items():
+                assert rows[s][f"A{layer}"] == pytest.approx(float(a.norm()), rel=1e-6)
+                assert rows[s][f"z{layer}"] == pytest.approx(float(state.z[layer].norm()), rel=1e-6)
+    first = next(iter(state.A))
+    assert (
+        rows[2][f"A{first}"] != rows[0][f"A{first}"]
+    )  # the writes move A: the rows are not one state copied
+
+
+def test_niah_mk_confusions_say_whose_number_an_answer_writes():
+    """`niah_mk_confusions.py`: an answer is the asked key's number, a distractor's (exact, or 5+
+    of 7 digits in place), or none; exact beats near and the asked key beats a distractor; an answer
+    says which needle it took in the context's order; the table counts per bin, and how many
+    distractor answers took the needle written first."""
+    module = load_script("niah_mk_confusions")
+    context = " ".join(
+        ["Prose before."]
+        + [
+            NIAH_NEEDLE.format(k, v) + " More prose."
+            for k, v in (("red-fox", "1234567"), ("blue-owl", "7654321"))
+        ]
+        + [NIAH_NEEDLE.format("grey-elk", "1111111")]
+    )
+    assert module.needles(context) == [
+        ("red-fox", "1234567"),
+        ("blue-owl", "7654321"),
+        ("grey-elk", "1111111"),
+    ]
+    assert module.verdict(context, "blue-owl", " 7654321.") == ("asked", 1)
+    assert module.verdict(context, "blue-owl", " 7654391.") == ("asked, near", 1)
+    assert module.verdict(context, "blue-owl", " 1234567.") == ("distractor", 0)
+    assert module.verdict(context, "blue-owl", " 1111111.") == ("distractor", 2)
+    assert module.verdict(context, "blue-owl", " 1211111.") == ("distractor, near", 2)
+    assert module.verdict(context, "blue-owl", " 9999999.") == ("none", -1)
+    assert module.verdict(context, "red-fox", " 1234567.") == ("asked", 0)
+    rows = [(4096, "asked", 1), (4096, "distractor", 0), (4096, "distractor, near", 2), (16384, "none", -1)]
+    assert module.table(rows)[2:] == [
+        "| 4k | 3 | 1 | 0 | 1 | 1 | 0 | 1 of 2 |",
+        "| 16k | 1 | 0 | 0 | 0 | 0 | 1 | 0 of 0 |",
+    ]
