@@ -209,17 +209,6 @@ def test_sentence_end_ids_are_the_tokens_that_end_a_sentence_or_a_line():
     assert 10 < len(ends) < len(tok) // 10
 
 
-def test_segment_align_travels_with_the_config_and_keeps_old_hashes():
-    """segment_align is part of the adapter's config (and so of a stored state's key), left out of
-    the JSON when 0 so older adapters keep their hashes; N >= S is refused when a config is read."""
-    config = ARMTConfig.for_model(30, segment_len=128)
-    assert "segment_align" not in config.to_json()
-    aligned = ARMTConfig.for_model(30, segment_len=128, segment_align=48)
-    assert parse_config(aligned.to_json(), "x") == aligned and aligned.to_json() != config.to_json()
-    with pytest.raises(EdgememError, match="segment_align"):
-        parse_config(ARMTConfig.for_model(30, segment_len=128, segment_align=128).to_json(), "x")
-
-
 def test_aligned_ingest_resumes_to_the_uninterrupted_state_and_needs_the_sentence_ends():
     """An aligned ingest stopped after k segments and resumed from their state and token count
     reaches the uninterrupted state and tail; a resume whose token count no k aligned segments can
@@ -248,16 +237,19 @@ def test_aligned_ingest_resumes_to_the_uninterrupted_state_and_needs_the_sentenc
         ingest(armt, [ids])
 
 
-def test_answer_window_travels_with_the_config_and_keeps_old_hashes():
-    """answer_window is part of the adapter's config (and so of every stored state's key), left out
-    of the JSON when 0 so older adapters keep their hashes; a window shorter than a segment is
-    refused when a config is read."""
+@pytest.mark.parametrize(
+    ("option", "value", "refused"), [("answer_window", 1024, 64), ("segment_align", 48, 128)]
+)
+def test_window_and_alignment_travel_with_the_config_and_keep_old_hashes(option, value, refused):
+    """answer_window and segment_align are part of the adapter's config (and so of every stored
+    state's key), left out of the JSON when 0 so older adapters keep their hashes; a window shorter
+    than a segment, or an alignment of a whole segment or more, is refused when a config is read."""
     config = ARMTConfig.for_model(30, segment_len=128)
-    assert "answer_window" not in config.to_json()
-    windowed = ARMTConfig.for_model(30, segment_len=128, answer_window=1024)
-    assert parse_config(windowed.to_json(), "x") == windowed and windowed.to_json() != config.to_json()
-    with pytest.raises(EdgememError, match="answer_window"):
-        parse_config(ARMTConfig.for_model(30, segment_len=128, answer_window=64).to_json(), "x")
+    assert option not in config.to_json()
+    changed = ARMTConfig.for_model(30, segment_len=128, **{option: value})
+    assert parse_config(changed.to_json(), "x") == changed and changed.to_json() != config.to_json()
+    with pytest.raises(EdgememError, match=option):
+        parse_config(ARMTConfig.for_model(30, segment_len=128, **{option: refused}).to_json(), "x")
 
 
 def test_ingest_with_an_answer_window_writes_only_the_segments_before_it_and_answers_unwritten():
