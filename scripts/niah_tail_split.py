@@ -5,7 +5,8 @@ An armt ingest writes every full segment and keeps the last 1..S tokens (the tai
 answer segment shows the tail beside the question. This script rebuilds the items behind the
 given result files (from the prepared corpora, as `edgemem eval` does; validation items for lines
 of `--split validation`), tokenizes each context as `ARMTMethod` does, and says whether the gold
-number is in the tail. It then counts, over the items every file holds, the correct answers and
+number is in the tail, or else whether one written segment holds the needle whole ("written") or
+a segment boundary cuts it ("cut"). It then counts, over the items every file holds, the correct answers and
 the near misses (5+ of 7 digits in place) per file, split by where the needle was, how often each
 file agrees with the first, per length the items only a file or only the first answers, and which
 digits a file's wrong 7-digit answers write in place of which, at which positions, which digit
@@ -17,21 +18,42 @@ a wrong first digit is written as, and in how many it is the only wrong digit:
 
 S is 128 (the shipped adapter's segment length; `--segment-len` for another). With
 `--answer-window W` the tail is what an adapter with that answer window leaves unwritten (its last
-W-S+1..W tokens), so "written" is the needles in memory of lines evaluated under the window.
+W-S+1..W tokens), so "written" is the needles in memory of lines evaluated under the window;
+`--segment-align N` places the boundaries as an adapter with that alignment does
+(`ARMTConfig.segment_align`).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from edgemem.armt import text_ids, written_segments
-from edgemem.data.tasks import Builder
+from edgemem.armt import segment_bounds, sentence_end_ids, text_ids
+from edgemem.data.tasks import NIAH_NEEDLE, Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
 from edgemem.scoring import near_miss
+
+
+def needle_place(first: int, last: int, bounds: list[int], in_tail: bool) -> str:
+    """Where a needle's tokens first..last (ids of the ingested context) sat: "tail" when its number
+    is in the unwritten tail, "cut" when a segment boundary (`bounds`: where each written segment
+    ends) falls inside it, else "written" (one segment holds it whole)."""
+    if in_tail:
+        return "tail"
+    return "cut" if bisect.bisect_right(bounds, first) != bisect.bisect_right(bounds, last) else "written"
+
+
+def needle_token_span(context: str, needle: str, tokenizer: object, bos: int) -> tuple[int, int]:
+    """The first and last token (of the context's ids, `bos` ids before the text's own) that hold
+    any of the needle sentence's characters."""
+    start = context.index(needle)
+    offsets = tokenizer(context, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]  # type: ignore[operator]
+    span = [j for j, (a, b) in enumerate(offsets) if a < start + len(needle) and b > start]
+    return bos + span[0], bos + span[-1]
 
 
 def corpora_note(runs: list[dict[str, dict]], shared: set[str]) -> list[str]:
@@ -133,6 +155,7 @@ def main() -> None:
     parser.add_argument("files", nargs="+", type=Path, help="niah.armt.jsonl result files")
     parser.add_argument("--segment-len", type=int, default=128)
     parser.add_argument("--answer-window", type=int, default=0, help="the lines' answer window (0: none)")
+    parser.add_argument("--segment-align", type=int, default=0, help="the lines' segment alignment (0: none)")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=parse_lengths, help="only these bins' items, e.g. 16k or 8k,16k")
     args = parser.parse_args()
@@ -150,6 +173,7 @@ def main() -> None:
     tokenizer = load_tokenizer(args.model)
     builder = Builder(tokenizer, split=split)
     S = args.segment_len
+    ends = sentence_end_ids(tokenizer) if args.segment_align else frozenset()
     where: dict[str, str] = {}
     for length in sorted({runs[0][i]["length"] for i in shared}):
         wanted = {i for i in shared if runs[0][i]["length"] == length}
@@ -157,9 +181,12 @@ def main() -> None:
         for item in builder.build("niah", length, n):
             if item.id in wanted:
                 ids = text_ids(item.context, tokenizer)
-                written = written_segments(len(ids), S, args.answer_window)
-                tail = tokenizer.decode(ids[written * S :])  # type: ignore[attr-defined]
-                where[item.id] = "tail" if item.answers[0] in tail else "written"
+                bounds = segment_bounds(ids, S, args.answer_window, args.segment_align, ends)
+                tail = tokenizer.decode(ids[bounds[-1] if bounds else 0 :])  # type: ignore[attr-defined]
+                needle = NIAH_NEEDLE.format(item.meta["key"], item.answers[0])
+                bos = len(ids) - len(tokenizer(item.context, add_special_tokens=False).input_ids)  # type: ignore[operator]
+                first, last = needle_token_span(item.context, needle, tokenizer, bos)
+                where[item.id] = needle_place(first, last, bounds, item.answers[0] in tail)
 
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (1 + 2 * len(runs)))
     for i in shared:

@@ -1401,6 +1401,27 @@ def test_tail_split_counts_per_length_the_items_only_one_file_answers():
     assert module.only_right([first, other], {"a", "b"}) == {1024: [(1, 0)]}
 
 
+def test_tail_split_says_whether_a_segment_boundary_cuts_the_needle():
+    """`niah_tail_split.py` places a needle: in the tail (its number unwritten), "cut" when a written
+    segment's end falls inside its tokens, else "written"; the token span is the needle sentence's
+    tokens in the ingested ids (BOS first), found from the real tokenizer's offsets."""
+    from edgemem.armt import text_ids
+    from edgemem.models import load_tokenizer
+
+    module = load_script("niah_tail_split")
+    assert module.needle_place(10, 20, [8, 16, 24], False) == "cut"
+    assert module.needle_place(16, 23, [8, 16, 24], False) == "written"  # segment 16..24 holds it
+    assert module.needle_place(24, 30, [8, 16, 24], True) == "tail"
+    tok = load_tokenizer("smollm2-135m-instruct")
+    needle = NIAH_NEEDLE.format("red-fox", "1234567")
+    context = f"Some prose before it. {needle} And after."
+    ids = text_ids(context, tok)
+    bos = len(ids) - len(tok(context, add_special_tokens=False).input_ids)
+    first, last = module.needle_token_span(context, needle, tok, bos)
+    assert tok.decode(ids[first : last + 1]).strip() == needle
+    assert needle not in tok.decode(ids[first + 1 : last + 1]) and needle not in tok.decode(ids[first:last])
+
+
 def test_digit_swap_permutes_the_haystack_digits_and_keeps_the_needle_and_its_place():
     """`niah_digit_swap.py` asks whether the haystack's numbers set the digit armt writes wrong: it
     swaps two digits in the haystack only (the needle, its question and answers stay), everywhere or
