@@ -66,7 +66,8 @@ class Assistant:
         answer_window: int | None = None,
     ) -> Assistant:
         """The PyTorch assistant; `dtype` None picks bf16 where it is native, else float32;
-        `segment_len` and `answer_window` None: the adapter's own (`ARMTConfig`)."""
+        `segment_len` and `answer_window` None: the adapter's own (`ARMTConfig`); a `segment_len`
+        scales the adapter's `segment_align` with it (48 of 128 is 96 of 256)."""
         adapter_path = Path(adapter).expanduser() if adapter else None
         adapter_file = read_adapter(adapter_path) if adapter_path else None  # fail before the slow load
         loaded = load_model(model, dtype)
@@ -76,8 +77,9 @@ class Assistant:
             config, tensors = adapter_file
         else:
             config, tensors = ARMTConfig.for_model(loaded.model.config.num_hidden_layers), None
-        if segment_len is not None:
-            config = replace(config, segment_len=segment_len)
+        if segment_len is not None:  # an aligned adapter's alignment keeps its share of the segment
+            align = config.segment_align * segment_len // config.segment_len
+            config = replace(config, segment_len=segment_len, segment_align=align)
         if answer_window is not None:
             config = replace(config, answer_window=answer_window)
         if problem := config_problem(config):  # an override out of range, e.g. a window < S

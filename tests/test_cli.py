@@ -127,15 +127,23 @@ def test_real_ingest_reuse_ask_and_corrupt_state(tmp_path):
     # an answer window is part of the memory config: its states are another library entry, with
     # the whole segments before the window written; one shorter than a segment, or past the
     # config's bounds (as a damaged adapter's would be), is refused in one line
-    from edgemem.armt import read_adapter, written_segments
+    from edgemem.armt import read_adapter, segment_bounds, sentence_end_ids, tokenize_stream
+    from edgemem.documents import iter_text, scan
+    from edgemem.models import load_tokenizer
 
-    own = read_adapter(shipped_adapter("smollm2-135m-instruct"))[0].answer_window  # the default ingest's
+    shipped = read_adapter(shipped_adapter("smollm2-135m-instruct"))[0]
+    own = shipped.answer_window  # the default ingest's; its alignment scales with --segment-len
+    align = shipped.segment_align * 256 // shipped.segment_len
     window = 512 if own != 512 else 768
     windowed = run("ingest", str(doc), "--segment-len", "256", "--answer-window", str(window))
     assert windowed.exit_code == 0 and "ingested" in windowed.stderr, windowed.output
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
+    ids = [i for chunk in tokenize_stream(iter_text(scan(doc)), tokenizer) for i in chunk]
     tokens = int(re.search(r"ingested: ([\d,]+) tokens", forced.stderr).group(1).replace(",", ""))
-    assert f"{-(-(tokens - window) // 256)} segments written" in windowed.stderr
-    assert f"{written_segments(tokens, 256, own)} segments written" in forced.stderr
+    assert tokens == len(ids)
+    ends = sentence_end_ids(tokenizer)
+    for out, w in ((windowed, window), (forced, own)):
+        assert f"{len(segment_bounds(ids, 256, w, align, ends))} segments written" in out.stderr
     assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", "64"), "answer_window 64")
     assert_one_line_error(run("ask", str(doc), "What?", "--answer-window", str(1 << 21)), "answer_window")
     assert_one_line_error(run("ask", str(doc), "What?", "--segment-len", str(1 << 17)), "segment_len")

@@ -93,7 +93,7 @@ def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
     model, with the same window, does not."""
     from test_tasks import LICENSES, _write
 
-    from edgemem.armt import written_segments
+    from edgemem.armt import segment_bounds, sentence_end_ids
     from edgemem.assistant import Assistant, shipped_adapter
     from edgemem.data.tasks import Builder
     from edgemem.methods import ARMTMethod
@@ -106,14 +106,20 @@ def test_shipped_adapter_recalls_needles_the_untrained_memory_misses(tmp_path):
     assistant = Assistant.open("smollm2-135m-instruct", dtype=torch.float32)
     assert assistant.adapter_path == shipped_adapter("smollm2-135m-instruct") is not None
     config, tokenizer = assistant.armt.config, assistant.loaded.tokenizer
+    ends = sentence_end_ids(tokenizer)
     built = Builder(tokenizer, root, prose=("linux-doc",), code=()).build("niah", 2048, 8)
     items = [it for it in built if it.meta["depth"] < 0.4]  # items 0, 2, 5, 7
     for it in items:  # the needle ends before the tokens the answer sees
         before = len(tokenizer(it.context[: it.context.index(it.passage) + len(it.passage)])["input_ids"])
-        n = len(tokenizer(it.context)["input_ids"])
-        assert before < written_segments(n, config.segment_len, config.answer_window) * config.segment_len
+        ids = tokenizer(it.context)["input_ids"]
+        bounds = segment_bounds(ids, config.segment_len, config.answer_window, config.segment_align, ends)
+        assert before < bounds[-1]
     fresh = load_model("smollm2-135m-instruct", dtype=torch.float32)
-    same = {"segment_len": config.segment_len, "answer_window": config.answer_window}
+    same = {
+        "segment_len": config.segment_len,
+        "answer_window": config.answer_window,
+        "segment_align": config.segment_align,
+    }
     untrained = ARMT(fresh.model, ARMTConfig.for_model(30, **same))
 
     def right(armt: ARMT) -> int:
