@@ -99,9 +99,10 @@ class ARMTConfig:
     # `sentence_end_ids`) among its last N tokens, so it holds S - N + 1..S tokens, and a sentence
     # of up to N tokens is never cut in two. A needle cut by a segment boundary writes its number
     # without its key beside it, and the adapters never saw one in training (their needles sit
-    # inside a segment): the shipped adapter answered none of the 2k-16k test items whose needle
-    # a fixed boundary cut (docs/RESULTS.md, "Forty-second session"). It changes which segments a
-    # stored state holds, so it travels with the adapter and its hash, as answer_window does.
+    # inside a segment): the shipped adapter answered 2 of the 12 test items at 2k-32k whose
+    # needle a fixed boundary cut, and all 12 with N = 48 (docs/RESULTS.md, "Forty-second
+    # session"). It changes which segments a stored state holds, so it travels with the adapter
+    # and its hash, as answer_window does.
     segment_align: int = 0
 
     @classmethod
