@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -55,6 +56,13 @@ class Assistant:
             if self.loaded is None or self.armt is None:
                 raise EdgememError("an assistant needs a model or a runtime")
             self.runtime = TorchRuntime(self.loaded, self.armt, self.adapter_hash)
+
+    @cached_property
+    def sentence_ends(self) -> frozenset[int]:
+        """The tokenizer's `sentence_end_ids` when the memory aligns its segments (else empty),
+        found once per assistant: every ingest needs them."""
+        align = getattr(self.runtime.config, "segment_align", 0)  # a SWAX runtime's config has none
+        return sentence_end_ids(self.runtime.tokenizer) if align else frozenset()
 
     @classmethod
     def open(
@@ -153,7 +161,6 @@ class Assistant:
                 if notice is not None:
                     notice(f"resuming the ingest of {path} from {start:,} tokens")
         tokens = tokenize_stream(iter_text(source), self.runtime.tokenizer)
-        align = getattr(self.runtime.config, "segment_align", 0)  # a SWAX runtime's config has none
         doc = ingest(
             self.runtime,
             tokens,
@@ -163,7 +170,7 @@ class Assistant:
             checkpoint=lambda state, n: library.save_checkpoint(path, *key, state, n),
             checkpoint_every_s=checkpoint_every_s,
             should_stop=should_stop,
-            ends=sentence_end_ids(self.runtime.tokenizer) if align else frozenset(),
+            ends=self.sentence_ends,
         )
         record = library.save(path, *key, doc)
         return record, doc, False

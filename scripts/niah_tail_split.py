@@ -47,11 +47,12 @@ def needle_place(first: int, last: int, bounds: list[int], in_tail: bool) -> str
     return "cut" if bisect.bisect_right(bounds, first) != bisect.bisect_right(bounds, last) else "written"
 
 
-def needle_token_span(context: str, needle: str, tokenizer: object, bos: int) -> tuple[int, int]:
-    """The first and last token (of the context's ids, `bos` ids before the text's own) that hold
-    any of the needle sentence's characters."""
+def needle_token_span(context: str, needle: str, tokenizer: object, n_ids: int) -> tuple[int, int]:
+    """The first and last token of the context's `n_ids` ingested ids (a BOS, where the model uses
+    one, before the text's own) that hold any of the needle sentence's characters."""
     start = context.index(needle)
     offsets = tokenizer(context, return_offsets_mapping=True, add_special_tokens=False)["offset_mapping"]  # type: ignore[operator]
+    bos = n_ids - len(offsets)
     span = [j for j, (a, b) in enumerate(offsets) if a < start + len(needle) and b > start]
     return bos + span[0], bos + span[-1]
 
@@ -184,8 +185,7 @@ def main() -> None:
                 bounds = segment_bounds(ids, S, args.answer_window, args.segment_align, ends)
                 tail = tokenizer.decode(ids[bounds[-1] if bounds else 0 :])  # type: ignore[attr-defined]
                 needle = NIAH_NEEDLE.format(item.meta["key"], item.answers[0])
-                bos = len(ids) - len(tokenizer(item.context, add_special_tokens=False).input_ids)  # type: ignore[operator]
-                first, last = needle_token_span(item.context, needle, tokenizer, bos)
+                first, last = needle_token_span(item.context, needle, tokenizer, len(ids))
                 where[item.id] = needle_place(first, last, bounds, item.answers[0] in tail)
 
     counts: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0] * (1 + 2 * len(runs)))

@@ -53,14 +53,11 @@ def stage_rows(train_config: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in train_config["stages"]:
-        needle = (
-            "-"
-            if s["task"] == "lm"
-            else f"{s['needle']} in {placement(s['needle_segment'], s.get('late', 8))}"
-        )
+        late = s.get("late", 8)
+        needle = "-" if s["task"] == "lm" else f"{s['needle']} in {placement(s['needle_segment'], late)}"
         spread = s.get("distractor_segment", "")  # configs from before it: placed as the needle
         if spread and s["task"] != "lm":
-            needle += f" (distractors: {placement(spread, s.get('late', 8))})"
+            needle += f" (distractors: {placement(spread, late)})"
         task = f"mix of {', '.join(s['mix'])}" if s["task"] == "mix" else s["task"]
         lead = s.get("lead_weight", 1.0)  # configs from before Stage.lead_weight have none
         digits = f"{s['digits']} (first weighted x{lead:g})" if lead != 1 else str(s["digits"])
@@ -264,11 +261,10 @@ def ship(
     `answer_window` and `segment_align` None: the adapter's own."""
     config, tensors = read_adapter(adapter)
     meta, _ = read_safetensors(adapter, "adapter")
-    if answer_window is not None:  # checked as a reader will check it, before anything is written
-        config = parse_config(replace(config, answer_window=answer_window).to_json(), "--answer-window")
-        meta = {**meta, "config": config.to_json()}
-    if segment_align is not None:
-        config = parse_config(replace(config, segment_align=segment_align).to_json(), "--segment-align")
+    overrides = {"answer_window": answer_window, "segment_align": segment_align}
+    if overrides := {k: v for k, v in overrides.items() if v is not None}:
+        # checked as a reader will check it, before anything is written
+        config = parse_config(replace(config, **overrides).to_json(), "the memory settings asked for")
         meta = {**meta, "config": config.to_json()}
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]

@@ -1416,8 +1416,7 @@ def test_tail_split_says_whether_a_segment_boundary_cuts_the_needle():
     needle = NIAH_NEEDLE.format("red-fox", "1234567")
     context = f"Some prose before it. {needle} And after."
     ids = text_ids(context, tok)
-    bos = len(ids) - len(tok(context, add_special_tokens=False).input_ids)
-    first, last = module.needle_token_span(context, needle, tok, bos)
+    first, last = module.needle_token_span(context, needle, tok, len(ids))
     assert tok.decode(ids[first : last + 1]).strip() == needle
     assert needle not in tok.decode(ids[first + 1 : last + 1]) and needle not in tok.decode(ids[first:last])
 
