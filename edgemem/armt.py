@@ -21,7 +21,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import psutil
@@ -585,6 +585,28 @@ def config_problem(config: ARMTConfig) -> str | None:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1e6:
         return f"lora_alpha {alpha!r} is not a positive number"
     return None
+
+
+def override_config(
+    config: ARMTConfig,
+    segment_len: int | None = None,
+    segment_align: int | None = None,
+    answer_window: int | None = None,
+) -> ARMTConfig:
+    """`config` read another way (None: the config's own). A `segment_len` alone keeps an aligned
+    config's alignment at its share of the segment (48 of 128 is 96 of 256); a `segment_align` is
+    taken as given (0: fixed segments). Raises EdgememError (one line) when the result is unusable,
+    e.g. a window shorter than a segment or an alignment as long as one."""
+    if segment_len is not None:
+        align = config.segment_align * segment_len // config.segment_len
+        config = replace(config, segment_len=segment_len, segment_align=align)
+    if segment_align is not None:
+        config = replace(config, segment_align=segment_align)
+    if answer_window is not None:
+        config = replace(config, answer_window=answer_window)
+    if problem := config_problem(config):
+        raise EdgememError(f"memory settings: {problem}")
+    return config
 
 
 # ----- the segment driver -----

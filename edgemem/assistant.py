@@ -7,7 +7,7 @@ the library (or reuse the stored state), answer questions about it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
@@ -18,8 +18,8 @@ from edgemem.armt import (
     ARMTConfig,
     IngestResult,
     Progress,
-    config_problem,
     ingest,
+    override_config,
     read_adapter,
     sentence_end_ids,
     tokenize_stream,
@@ -72,10 +72,11 @@ class Assistant:
         segment_len: int | None = None,
         dtype: torch.dtype | None = None,
         answer_window: int | None = None,
+        segment_align: int | None = None,
     ) -> Assistant:
         """The PyTorch assistant; `dtype` None picks bf16 where it is native, else float32;
-        `segment_len` and `answer_window` None: the adapter's own (`ARMTConfig`); a `segment_len`
-        scales the adapter's `segment_align` with it (48 of 128 is 96 of 256)."""
+        `segment_len`, `answer_window` and `segment_align` None: the adapter's own (`ARMTConfig`;
+        `armt.override_config` says how a `segment_len` scales the adapter's alignment)."""
         adapter_path = Path(adapter).expanduser() if adapter else None
         adapter_file = read_adapter(adapter_path) if adapter_path else None  # fail before the slow load
         loaded = load_model(model, dtype)
@@ -85,13 +86,7 @@ class Assistant:
             config, tensors = adapter_file
         else:
             config, tensors = ARMTConfig.for_model(loaded.model.config.num_hidden_layers), None
-        if segment_len is not None:  # an aligned adapter's alignment keeps its share of the segment
-            align = config.segment_align * segment_len // config.segment_len
-            config = replace(config, segment_len=segment_len, segment_align=align)
-        if answer_window is not None:
-            config = replace(config, answer_window=answer_window)
-        if problem := config_problem(config):  # an override out of range, e.g. a window < S
-            raise EdgememError(f"memory settings: {problem}")
+        config = override_config(config, segment_len, segment_align, answer_window)
         armt = ARMT(loaded.model, config)
         if tensors is not None:
             armt.load_adapter_tensors(tensors)

@@ -104,10 +104,20 @@ def eval_run(
     ] = 1,
     segment_len: SegmentOpt = None,
     answer_window: AnswerWindowOpt = None,
+    segment_align: Annotated[
+        int | None,
+        typer.Option(
+            "--segment-align",
+            min=0,
+            help="armt: end each segment after a sentence in its last N tokens (0: fixed segments; "
+            "default: the adapter's).",
+        ),
+    ] = None,
     split: SplitOpt = "test",
 ) -> None:
     """Run one method on n items per length bin of a task; results append to a JSONL (resumable).
     armt with --segment-len N reads in N-token segments and has its own results (`armt-sN`); with
+    --segment-align 0 it reads in fixed segments (`armt-a0`); with
     --answer-window N it leaves a context's last N tokens unwritten beside the question (`armt-wN`);
     --split validation runs the validation split's items (`armt-val`, `window-val`)."""
     if ctx.invoked_subcommand is not None:
@@ -143,6 +153,7 @@ def eval_run(
         segment_len=segment_len,
         answer_window=answer_window,
         split=split,
+        segment_align=segment_align,
     )
     done = f"{report.ran} items run ({report.correct} correct), {report.skipped} already in {report.path}"
     beside = f", {report.elsewhere} run by another eval beside this one" if report.elsewhere else ""

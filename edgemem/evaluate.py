@@ -67,20 +67,26 @@ def method_label(
     segment_len: int | None = None,
     answer_window: int | None = None,
     split: str = "test",
+    segment_align: int | None = None,
 ) -> str:
     """The results file's and the table's name for a run: `armt` (`armt-s64` read in 64-token
-    segments instead of the adapter's own, `armt-w768` with an answer window of 768 tokens instead
-    of the adapter's own, `armt-s64-w768` both), `window` (llama.cpp) or `window-hf`, ...; on the
+    segments instead of the adapter's own, `armt-a0` in fixed segments instead of the adapter's
+    sentence-aligned ones, `armt-w768` with an answer window of 768 tokens instead of the adapter's
+    own, `armt-s64-a0-w768` all three), `window` (llama.cpp) or `window-hf`, ...; on the
     validation split's items `-val` after it (`armt-val`, `window-val`): item ids do not name their
     split, so its lines need their own file and row."""
     if split not in EVAL_SPLITS:
         raise EdgememError(f"unknown split {split!r}: evaluate on {' or '.join(EVAL_SPLITS)}")
     val = "-val" if split == "validation" else ""
     if method == "armt":
+        segments = f"-s{segment_len}" if segment_len is not None else ""
+        align = f"-a{segment_align}" if segment_align is not None else ""
         window = f"-w{answer_window}" if answer_window is not None else ""
-        return "armt" + (f"-s{segment_len}" if segment_len is not None else "") + window + val
+        return "armt" + segments + align + window + val
     if segment_len is not None:
         raise EdgememError(f"--segment-len is for armt only, not {method}")
+    if segment_align is not None:
+        raise EdgememError(f"--segment-align is for armt only, not {method}")
     if answer_window is not None:
         raise EdgememError(f"--answer-window is for armt only, not {method}")
     return (method if engine == "llama" else f"{method}-{engine}") + val
@@ -226,6 +232,7 @@ def run(
     corpora: str | None = None,
     answer_window: int | None = None,
     split: str = "test",
+    segment_align: int | None = None,
 ) -> RunReport:
     """Run one method on `n` items per length bin of one task; append to its JSONL. `dtype`: the
     torch weights' dtype (None: the machine's preferred one); each line records the one used.
@@ -234,6 +241,8 @@ def run(
     `answer_window` (armt only): answer with that window instead of the adapter's own
     (`ARMTConfig.answer_window`); label `armt-w768`. Every armt line records how it answered
     (`answer`: `tail-written`, or `window768-unwritten`).
+    `segment_align` (armt only): end segments after a sentence in their last N tokens instead of as
+    the adapter does (0: fixed segments); label `armt-a0`; aligned lines record their N.
     `split`: `validation` draws the validation split's items (other documents and seeds) into their
     own file and row (`armt-val`); their lines record the split.
     `corpora`: the build `items` come from, where they are passed in (else the prepared corpora's);
@@ -249,7 +258,7 @@ def run(
     from edgemem.models import load_tokenizer
 
     fix_mmap_threshold()
-    label = method_label(method, engine, segment_len, answer_window, split)
+    label = method_label(method, engine, segment_len, answer_window, split, segment_align)
     path = results_file(results, model, task, label)
     memory = adapter_id(model, adapter) if method == "armt" else None
     armt_fields = {}
@@ -287,7 +296,7 @@ def run(
                         break
                     if runner is None:  # loaded only when there is work
                         runner = methods.build(
-                            method, model, engine, adapter, dtype, segment_len, answer_window
+                            method, model, engine, adapter, dtype, segment_len, answer_window, segment_align
                         )
                     start = time.perf_counter()
                     if len(group) == 1:
@@ -297,7 +306,10 @@ def run(
                     seconds = (time.perf_counter() - start) / len(group)
                     extra = dict(armt_fields)
                     extra |= {"dtype": runner.dtype} if runner.dtype is not None else {}
-                    extra |= {"segment_len": runner.armt.config.segment_len} if method == "armt" else {}  # type: ignore[attr-defined]
+                    if method == "armt":
+                        config = runner.armt.config  # type: ignore[attr-defined]
+                        extra["segment_len"] = config.segment_len
+                        extra |= {"segment_align": config.segment_align} if config.segment_align else {}
                     extra |= {"corpora": corpora_id} if corpora_id is not None else {}
                     extra |= {"split": split} if split != "test" else {}
                     for item, pred in zip(group, predictions, strict=True):

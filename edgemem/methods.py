@@ -425,11 +425,11 @@ def build(
     dtype: torch.dtype | None = None,
     segment_len: int | None = None,
     answer_window: int | None = None,
+    segment_align: int | None = None,
 ) -> Method:
     """A ready method on a registry model (or a model path); `dtype` None: the machine's preferred one
-    (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`); `segment_len`
-    (armt only) None: the adapter's own; `answer_window` (armt only) likewise
-    (`ARMTConfig.answer_window`)."""
+    (bf16 where the CPU runs it natively, else float32; `models.preferred_dtype`); `segment_len`,
+    `answer_window` and `segment_align` (armt only) None: the adapter's own (`ARMTConfig`)."""
     from edgemem.models import load_model, resolve_source
 
     if method not in METHODS:
@@ -439,7 +439,9 @@ def build(
     if method == "armt":
         from edgemem.assistant import Assistant
 
-        assistant = Assistant.open(model, adapter, segment_len, dtype=dtype, answer_window=answer_window)
+        assistant = Assistant.open(
+            model, adapter, segment_len, dtype=dtype, answer_window=answer_window, segment_align=segment_align
+        )
         assistant.armt.merge_lora()  # inference only: 1.3x faster ingest (scripts/armt_batch_speed.py)
         return ARMTMethod(assistant.armt, assistant.loaded.tokenizer)
     loaded = load_model(model, dtype)

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from edgemem.armt import ingest, stop_token_ids, text_ids
+from edgemem.armt import ingest, sentence_end_ids, stop_token_ids, text_ids
 from edgemem.data.tasks import Builder
 from edgemem.methods import chat_prompt
 from edgemem.runtime import open_engine
@@ -27,6 +27,7 @@ length = int(sys.argv[4]) if len(sys.argv) > 4 else 2048
 engines = {"fp32": open_engine(fp32_path), "int8": open_engine(int8_path)}
 tokenizer = engines["fp32"].tokenizer
 stop = stop_token_ids(tokenizer)
+ends = sentence_end_ids(tokenizer)  # an aligned adapter's segments end after them
 items = list(Builder(tokenizer).build("niah", length, n))
 answers: dict[str, list[str]] = {name: [] for name in engines}
 correct = dict.fromkeys(engines, 0)
@@ -36,7 +37,7 @@ for item in items:
     ids = text_ids(item.context, tokenizer)
     states = {}
     for name, runtime in engines.items():
-        doc = ingest(runtime, [ids])
+        doc = ingest(runtime, [ids], ends=ends)
         prompt = chat_prompt(tokenizer, doc.tail_ids, item.question, item.answer_prefix)
         out = list(runtime.generate_ids(doc.state, prompt, stop, max_new_tokens=24))
         text = tokenizer.decode(out, skip_special_tokens=True)

@@ -427,6 +427,31 @@ def test_armt_read_in_other_segments_has_its_own_label_file_and_row(tmp_path):
     ]
 
 
+def test_armt_read_with_other_alignment_has_its_own_label_and_config():
+    """`--segment-align N` reads the same adapter with segments ending after a sentence in their
+    last N tokens (0: fixed segments, as before alignment shipped): its own file and row
+    (`armt-a0`, `armt-s256-a96-w768`); a given N is taken as it is, while a `--segment-len` alone
+    scales the adapter's alignment with the segment (48 of 128 is 96 of 256); an N the segment
+    cannot hold is refused in one line."""
+    from edgemem.armt import ARMTConfig, override_config
+
+    assert method_label("armt", "hf", segment_align=0) == "armt-a0"
+    assert method_label("armt", "hf", 256, 768, "validation", segment_align=96) == "armt-s256-a96-w768-val"
+    with pytest.raises(EdgememError, match="armt only"):
+        method_label("window", "llama", segment_align=0)
+    aligned = ARMTConfig.for_model(30, segment_len=128, segment_align=48, answer_window=512)
+    assert override_config(aligned) == aligned
+    assert override_config(aligned, segment_align=0).segment_align == 0
+    scaled = override_config(aligned, segment_len=256)
+    assert (scaled.segment_len, scaled.segment_align, scaled.answer_window) == (256, 96, 512)
+    both = override_config(aligned, segment_len=256, segment_align=10, answer_window=1024)
+    assert (both.segment_len, both.segment_align, both.answer_window) == (256, 10, 1024)
+    with pytest.raises(EdgememError, match="segment_align 128"):
+        override_config(aligned, segment_align=128)
+    with pytest.raises(EdgememError, match="answer_window 64"):
+        override_config(aligned, answer_window=64)
+
+
 def test_validation_items_have_their_own_label_file_and_row(tmp_path):
     """`--split validation` draws items whose ids are the test items' (`niah-1024-0`) from other
     documents and seeds: their lines go to their own file and row (`armt-val`, `window-val`), kept
@@ -459,6 +484,7 @@ def test_eval_cli_mistakes_are_one_line_errors():
         (["eval", "--task", "niah", "--method", "window", "--batch", "4"], "only with armt"),
         (["eval", "--task", "niah", "--batch", "0"], "batch 0"),
         (["eval", "--task", "niah", "--method", "rag", "--segment-len", "64"], "armt only"),
+        (["eval", "--task", "niah", "--method", "window", "--segment-align", "0"], "armt only"),
         (["eval", "--task", "niah", "--split", "train"], "unknown --split"),
         (["eval", "plot", "--results", "/nonexistent-results"], "no results"),
         (["data", "show", "poems"], "unknown task"),
@@ -533,7 +559,8 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     results = tmp_path / "results"
     # armt reads in segments twice the shipped adapter's own (`--segment-len`), which is all that
     # tells it from the default run: its own label and file, the length on its lines.
-    segment_len = 2 * read_adapter(shipped_adapter("smollm2-135m-instruct"))[0].segment_len
+    shipped = read_adapter(shipped_adapter("smollm2-135m-instruct"))[0]
+    segment_len = 2 * shipped.segment_len
 
     corpora = builder.corpora_id("niah")
 
@@ -595,6 +622,7 @@ def test_every_method_runs_end_to_end_on_a_two_item_slice(tmp_path):
     assert all(r["memory_mb"] < r["kv_full_mb"] + 8 for r in armt)
     assert {r["adapter"] for r in armt} == {adapter_id("smollm2-135m-instruct", None)}
     assert {r["segment_len"] for r in armt} == {segment_len}  # each armt line says how it was read
+    assert {r.get("segment_align", 0) for r in armt} == {2 * shipped.segment_align}  # scaled with it
     rows = summarize(load_records(results))
     armt_label = f"armt-s{segment_len}" + ("-untrained" if armt[0]["adapter"] == UNTRAINED else "")
     assert {r["method"] for r in rows} >= {armt_label, "window-hf", "rag-hf", "oracle-hf"}
