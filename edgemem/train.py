@@ -111,6 +111,11 @@ class Stage:
       "" places them as the asked needle). "any" with a "late" needle spreads other keys' numbers
       over the whole stream written before the asked one, as a long haystack's own numbers are.
     digits: how many digits each needle's number has (the evaluation's niah uses 7).
+    haystack_numbers: prose recall only: numbers (1-7 random digits, after a space) written over
+      the prose of the written segments, this many per 1,000 of its tokens, never over a needle.
+      A needle's first digit at 64k is lost to the haystack's own digit tokens: the answer comes
+      back with their writes taken out of the memory (docs/RESULTS.md, "Forty-third session"), and
+      a 16k-32k training stream holds fewer of them than a 64k haystack.
     lead_weight: prose recall only: the loss weight of the answer's first digit, against 1 for
       every other answer token. The first digit is the one memory must bring back with nothing of
       the number before it (each later digit follows the needle's digits before it); past the
@@ -140,6 +145,7 @@ class Stage:
     keys: int = 1
     distractor_segment: str = ""
     digits: int = 7
+    haystack_numbers: float = 0.0
     lead_weight: float = 1.0
     short_segment_len: int = 0
     p_short: float = 0.5
@@ -171,6 +177,8 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: late must be at least 1 segment")
         if not 1 <= self.digits <= 12:
             raise EdgememError(f"stage {self.name!r}: digits must lie in 1..12")
+        if not 0 <= self.haystack_numbers <= 100:
+            raise EdgememError(f"stage {self.name!r}: haystack_numbers must lie in [0, 100] per 1,000 tokens")
         if self.lead_weight <= 0:
             raise EdgememError(f"stage {self.name!r}: lead_weight must be positive")
         if self.view not in ("other", "same"):
@@ -490,6 +498,7 @@ class ProseTasks:
         in_tail = segments == 0 or (stage.p_tail > 0 and rng.random() < stage.p_tail)
         keys = [random_key(rng, taken) for _ in range(stage.keys)]
         values = [random_number(rng, stage.digits) for _ in keys]
+        needles: list[tuple[int, int]] = []  # the written needles' spans, kept clear of numbers
         for i, (key, value) in enumerate(zip(keys, values, strict=True)):
             needle = self._ids(" " + NIAH_NEEDLE.format(key, value))[: S - 1]
             if i == 0 and in_tail:
@@ -504,12 +513,28 @@ class ProseTasks:
             seg = _needle_segment(rng, stage, segments, distractor=i > 0)
             pos = S - len(needle) if stage.needle == "end" else rng.randrange(0, S - len(needle) + 1)
             doc[seg * S + pos : seg * S + pos + len(needle)] = needle
+            needles.append((seg * S + pos, seg * S + pos + len(needle)))
+        if stage.haystack_numbers > 0:  # no draw at 0: older runs replay
+            self._write_numbers(rng, doc, S * segments, stage.haystack_numbers, needles)
         tail = doc[S * segments :]
         prompt = prompt_ids(self.tokenizer, tail, NIAH_QUESTION.format(keys[0])) + self._ids(
             NIAH_PREFIX.format(keys[0])
         )
         answer = self._ids(" " + values[0] + ".") + ([self.end_id] if self.end_id is not None else [])
         return doc, prompt, answer
+
+    def _write_numbers(
+        self, rng: random.Random, doc: list[int], written: int, per_1k: float, keep: list[tuple[int, int]]
+    ) -> None:
+        """Write round(per_1k * written / 1000) numbers of 1-7 random digits (" 3491") over
+        doc[:written], in place, none overlapping a span of `keep` (a number that would is skipped)."""
+        for _ in range(round(per_1k * written / 1000)):
+            number = self._ids(" " + random_number(rng, rng.randint(1, 7)))
+            at = rng.randrange(0, max(1, written - len(number) + 1))
+            stop = at + len(number)
+            if stop > written or any(at < end and start < stop for start, end in keep):
+                continue
+            doc[at : at + len(number)] = number
 
     def task_item(
         self, kind: str, rng: random.Random, stage: Stage, S: int, segments: int

@@ -1757,6 +1757,35 @@ def test_recall_p_tail_puts_the_asked_needle_next_to_the_question(prose_tasks):
         Stage(**options, p_tail=1.5)
 
 
+def test_haystack_numbers_write_digits_over_the_written_prose_and_never_over_a_needle(prose_tasks):
+    """`haystack_numbers` N writes about N numbers per 1,000 written tokens over the prose of the
+    written segments: the written part holds more digit tokens than without them (the same draws
+    before), every needle's sentence stays whole, the tail is the same prose, and the question and
+    answer do not change; a count outside [0, 100] is refused."""
+    import re
+
+    tok = prose_tasks.tokenizer
+    options = dict(name="r", task="recall", steps=1, segment_len=64, segments=(8,), keys=3, tail=16)
+    plain, numbered = Stage(**options), Stage(**options, haystack_numbers=40.0)
+
+    def digit_tokens(ids):
+        return sum(tok.decode([i]).strip().isdigit() for i in ids)
+
+    added = []
+    for seed in range(4):
+        doc0, prompt0, answer0 = prose_tasks.recall_item(step_rng(0, seed, "t"), plain, 64, 8)
+        doc, prompt, answer = prose_tasks.recall_item(step_rng(0, seed, "t"), numbered, 64, 8)
+        assert len(doc) == len(doc0) and doc[512:] == doc0[512:]  # the tail untouched
+        assert (prompt, answer) == (prompt0, answer0)
+        needles = re.findall(r"One of the special magic numbers for \S+ is: \d{7}\.", tok.decode(doc0[:512]))
+        assert len(needles) == 3 and all(n in tok.decode(doc[:512]) for n in needles)
+        added.append(digit_tokens(doc[:512]) - digit_tokens(doc0[:512]))
+    # 40 per 1,000 of 512 tokens: about 20 numbers of 4 digits on average, a few skipped or overlapping
+    assert all(a > 20 for a in added) and sum(added) / len(added) > 40
+    with pytest.raises(EdgememError, match="haystack_numbers"):
+        Stage(**options, haystack_numbers=-1.0)
+
+
 def test_lora_backbone_trains_lora_and_memory_only(tmp_path):
     """backbone = "lora": the LoRA matrices and the memory change, the base weights do not, and
     the adapter file carries the LoRA matrices."""
@@ -2094,6 +2123,34 @@ def test_memory_state_norms_rows_are_the_norms_of_the_state_after_each_write():
     assert (
         rows[2][f"A{first}"] != rows[0][f"A{first}"]
     )  # the writes move A: the rows are not one state copied
+
+
+def test_memory_read_share_parts_sum_to_the_read_the_memory_makes():
+    """`memory_read_share.py` (docs/RESULTS.md, "Forty-third session") splits a read into one part
+    per written row: over three delta-rule writes (the first with vbar = 0, the later ones
+    correcting what was there), the groups' parts sum to `memory_read` of the final state, and a
+    group's part is exactly its rows' share (the same split with only that group's rows kept)."""
+    from edgemem.memory import dpfp, memory_read, memory_write
+
+    module = load_script("memory_read_share")
+    g = torch.Generator().manual_seed(0)
+    A, z = torch.zeros(1, 24, 5), torch.zeros(1, 24)
+    rows, labels = [], []
+    for w in range(3):
+        k = dpfp(torch.randn(1, 6, 4, generator=g), 3)
+        v, beta = torch.randn(1, 6, 5, generator=g), torch.rand(1, 6, generator=g)
+        vbar = torch.zeros_like(v) if w == 0 else memory_read(k, A, z)
+        A, z = memory_write(k, v, beta, A, z, first=w == 0)
+        rows.append((k[0], ((v - vbar) * beta.unsqueeze(-1))[0], beta[0]))
+        labels += ["needle", "digits", "other", "other", "write", "write"]
+    phi_q = dpfp(torch.randn(4, generator=g), 3)
+    parts = module.split_read(rows, labels, phi_q, z[0])
+    assert set(parts) == set(module.GROUPS)
+    read = memory_read(phi_q.view(1, 1, -1), A, z)[0, 0]
+    assert torch.allclose(sum(parts.values()), read, atol=1e-5)
+    assert not torch.allclose(parts["needle"], parts["other"])
+    only = [lab if lab == "needle" else "write" for lab in labels]
+    assert torch.allclose(module.split_read(rows, only, phi_q, z[0])["needle"], parts["needle"])
 
 
 def test_niah_mk_confusions_say_whose_number_an_answer_writes():
