@@ -3,6 +3,7 @@
 again without each group's writes.
 
     OMP_NUM_THREADS=1 python scripts/memory_read_share.py --length 64k --index 1 [--split test]
+        [--adapter FILE] [--segment-align N]
 
 Runs one niah item as `edgemem eval` does (the shipped adapter unless --adapter, float32, its own
 segments and answer window) and keeps, for every row each memory layer writes, its key phi(k) and
@@ -13,7 +14,8 @@ write tokens. Prints one JSON line: per memory layer each group's share of the r
 prompt's last position (its part projected on the whole read, over the read's squared norm; the
 shares sum to 1), how far the parts' sum is from the read the model made (a check of the split),
 and each group's mean write rate on its own key, beta ||k||^2 / (k . z) (the fraction of an old
-value a write replaces); then the answer and the gold first digit's probability from the final
+value a write replaces); then the answer and the gold first digit's probability (softmax over the
+ten digit tokens, where the answer's first digit is written) from the final
 state as it is (`full`) and with one group's rows taken out of A in every layer, z kept
 (`without_needle`, `without_digits`, ...).
 
@@ -62,9 +64,12 @@ def main() -> None:
     ap.add_argument("--index", type=int, default=10)
     ap.add_argument("-n", type=int, default=20, help="items in the bin (the eval's -n: sets the depths)")
     ap.add_argument("--split", default="test", choices=["test", "validation"])
+    ap.add_argument("--segment-align", type=int, default=None, help="default: the adapter's (eval's flag)")
     args = ap.parse_args()
     (length,) = parse_lengths(args.length)
-    method = build("armt", "smollm2-135m-instruct", "hf", args.adapter, torch.float32)
+    method = build(
+        "armt", "smollm2-135m-instruct", "hf", args.adapter, torch.float32, segment_align=args.segment_align
+    )
     armt, tok = method.armt, method.tokenizer
     item = Builder(tok, split=args.split).item("niah", length, args.index, args.n)
     needle_digits = item.answers[0]
@@ -156,7 +161,7 @@ def main() -> None:
     first = list(real_generate(armt, state, prompt, method.stop_ids, 1))
     if first and not tok.decode(first).strip():  # the answer opens with a space token: the digit is next
         prompt = prompt + first
-    digit_ids = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
+    ten = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
     gold = int(needle_digits[0])
     kinds = torch.tensor([GROUPS.index(lab) for lab in labels])
     for drop in (None, *GROUPS):
@@ -169,7 +174,7 @@ def main() -> None:
         variant = MemoryState(A, state.z, state.writes)
         with torch.no_grad():
             hidden = armt.read_only_hidden(torch.tensor([prompt]), variant)[:, -1]
-            probs = armt.base.lm_head(hidden)[0, digit_ids].softmax(-1)
+            probs = armt.base.lm_head(hidden)[0, ten].softmax(-1)  # over the ten digits
         text = tok.decode(list(real_generate(armt, variant, prompt, method.stop_ids, 9)))
         out[f"without_{drop}" if drop else "full"] = {
             "answer": text.strip(),
