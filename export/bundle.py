@@ -159,7 +159,7 @@ def _type_problem(data: dict) -> str | None:
 
 def inside(root: Path, relative: str) -> Path:
     """`root / relative`, refusing absolute paths and anything that resolves outside `root`."""
-    if not relative or Path(relative).is_absolute() or "\\" in relative:
+    if not relative or Path(relative).is_absolute() or "\\" in relative or "\x00" in relative:
         raise EdgememError(f"bundle {root}: manifest path {relative!r} is not a relative path")
     path = (root / relative).resolve()
     if not path.is_relative_to(root.resolve()):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from edgemem.errors import EdgememError
@@ -110,6 +110,7 @@ def _replace(manifest: dict, field: str, value: object) -> dict:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(field=st.sampled_from(FIELDS), value=JSON)
+@example(field="graphs.answer.file", value="\x00")  # found by this test: a NUL byte made resolve() raise
 def test_any_forged_manifest_field_is_one_line_error_or_accepted(tmp_path_factory, field, value):
     bundle = make_bundle(tmp_path_factory.mktemp("b"), _replace(good_manifest(), field, value))
     try:
