@@ -685,6 +685,13 @@ def sentence_end_ids(tokenizer: object) -> frozenset[int]:
     return frozenset(ends)
 
 
+def alignment_ends(config: object, tokenizer: object) -> frozenset[int]:
+    """The `ends` an ingest with this memory config needs: the tokenizer's `sentence_end_ids` when
+    it aligns its segments (`ARMTConfig.segment_align`), else none (and no scan of the vocabulary;
+    a SWAX runtime's config has no alignment)."""
+    return sentence_end_ids(tokenizer) if getattr(config, "segment_align", 0) else frozenset()
+
+
 def segment_end(ids: list[int], start: int, segment_len: int, align: int, ends: frozenset[int]) -> int:
     """Where the segment that starts at `start` ends (exclusive): start + S, or with `align` N > 0
     just after the last of `ends` among its last N ids (start + S - N + 1..start + S). Needs

@@ -18,10 +18,10 @@ from edgemem.armt import (
     ARMTConfig,
     IngestResult,
     Progress,
+    alignment_ends,
     ingest,
     override_config,
     read_adapter,
-    sentence_end_ids,
     tokenize_stream,
 )
 from edgemem.documents import Scan, iter_text
@@ -61,8 +61,7 @@ class Assistant:
     def sentence_ends(self) -> frozenset[int]:
         """The tokenizer's `sentence_end_ids` when the memory aligns its segments (else empty),
         found once per assistant: every ingest needs them."""
-        align = getattr(self.runtime.config, "segment_align", 0)  # a SWAX runtime's config has none
-        return sentence_end_ids(self.runtime.tokenizer) if align else frozenset()
+        return alignment_ends(self.runtime.config, self.runtime.tokenizer)
 
     @classmethod
     def open(

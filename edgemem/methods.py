@@ -26,11 +26,11 @@ import torch
 from edgemem.armt import (
     ARMT,
     MemoryState,
+    alignment_ends,
     answer_state,
     generate_ids,
     prompt_ids,
     segment_bounds,
-    sentence_end_ids,
     stop_token_ids,
     text_ids,
 )
@@ -380,8 +380,7 @@ class ARMTMethod:
         self.dtype = _dtype_name(armt.base.dtype)
         self.stop_ids = stop_token_ids(tokenizer)
         self.kv_per_token = kv_bytes_per_token(armt.base.config)
-        align = armt.config.segment_align
-        self.cache = PrefixStateCache(armt, ends=sentence_end_ids(tokenizer) if align else frozenset())
+        self.cache = PrefixStateCache(armt, ends=alignment_ends(armt.config, tokenizer))
 
     def _ids(self, text: str) -> list[int]:
         return text_ids(text, self.tokenizer)

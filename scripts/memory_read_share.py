@@ -42,17 +42,26 @@ from edgemem.methods import build
 GROUPS = ("needle", "digits", "other", "write")
 
 
+def stack_rows(rows: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+    """One layer's writes, each (phi(k) [M, K], beta (v - vbar) [M, D], write rate [M]), as three
+    tensors over all their rows in order, in the dtype they were kept in: keys [N, K], values
+    [N, D], rates [N]."""
+    return (
+        torch.cat([k for k, _e, _r in rows]),
+        torch.cat([e for _k, e, _r in rows]),
+        torch.cat([r for _k, _e, r in rows]),
+    )
+
+
 def split_read(
-    rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], labels: list[str], phi_q: Tensor, z: Tensor
+    keys: Tensor, values: Tensor, labels: list[str], phi_q: Tensor, z: Tensor
 ) -> dict[str, Tensor]:
     """The read (phi(q) A) / (phi(q) . z + eps) split by written row: A is the sum over the writes'
     rows of k^T beta (v - vbar), so row i's part is (phi(q) . k_i) / (phi(q) . z + eps) beta_i
-    (v_i - vbar_i). rows: per write (phi(k) [M, K], beta (v - vbar) [M, D], anything); labels: one
-    group per row of all writes, in order; phi_q [K], z [K] -> {group: its summed part [D]}."""
+    (v_i - vbar_i). keys [N, K] and values [N, D] (`stack_rows`); labels: one group per row;
+    phi_q [K], z [K] -> {group: its summed part [D]}."""
     qz = float(phi_q @ z) + memory_module.EPS
-    keys = torch.cat([k.float() for k, _e, _r in rows])
-    values = torch.cat([e.float() for _k, e, _r in rows])
-    contrib = ((keys @ phi_q) / qz).unsqueeze(-1) * values
+    contrib = ((keys.float() @ phi_q) / qz).unsqueeze(-1) * values.float()
     kinds = torch.tensor([GROUPS.index(lab) for lab in labels])
     return {g: contrib[kinds == i].sum(0) for i, g in enumerate(GROUPS) if (kinds == i).any()}
 
@@ -142,13 +151,14 @@ def main() -> None:
     out = {"item": item.id, "depth": item.meta.get("depth"), "gold": needle_digits, "prediction": pred.text}
     out["writes"] = len(segments)
     out["counts"] = {g: labels.count(g) for g in GROUPS}
+    kinds = torch.tensor([GROUPS.index(lab) for lab in labels])
+    stacked = {layer: stack_rows(rows.pop(layer)) for layer in order}  # float16, one copy at a time
     for layer in order:
         phi_q, actual, z = reads[layer]
-        parts = split_read(rows[layer], labels, phi_q, z)
+        keys, values, rates = stacked[layer]
+        parts = split_read(keys, values, labels, phi_q, z)
         total = sum(parts.values())
         norm2 = float(total @ total)
-        rates = torch.cat([r for _k, _e, r in rows[layer]])
-        kinds = torch.tensor([GROUPS.index(lab) for lab in labels])
         out[f"layer{layer}"] = {
             "share": {g: round(float(part @ total) / norm2, 3) for g, part in parts.items()},
             "split_error": round(float((total - actual).norm() / actual.norm()), 4),
@@ -163,14 +173,13 @@ def main() -> None:
         prompt = prompt + first
     ten = [tok.convert_tokens_to_ids(d) for d in "0123456789"]
     gold = int(needle_digits[0])
-    kinds = torch.tensor([GROUPS.index(lab) for lab in labels])
     for drop in (None, *GROUPS):
         A = dict(state.A)
         if drop is not None:
+            mask = kinds == GROUPS.index(drop)
             for layer in order:
-                keys = torch.cat([k.float() for k, _e, _r in rows[layer]])[kinds == GROUPS.index(drop)]
-                values = torch.cat([e.float() for _k, e, _r in rows[layer]])[kinds == GROUPS.index(drop)]
-                A[layer] = state.A[layer] - (keys.T @ values).unsqueeze(0)
+                keys, values, _rates = stacked[layer]
+                A[layer] = state.A[layer] - (keys[mask].float().T @ values[mask].float()).unsqueeze(0)
         variant = MemoryState(A, state.z, state.writes)
         with torch.no_grad():
             hidden = armt.read_only_hidden(torch.tensor([prompt]), variant)[:, -1]

@@ -27,7 +27,6 @@ import json
 import sys
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import replace
 from itertools import groupby
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from safetensors.torch import save
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from edgemem.armt import ADAPTER_FORMAT, adapter_hash, parse_config, read_adapter  # noqa: E402
+from edgemem.armt import ADAPTER_FORMAT, adapter_hash, override_config, read_adapter  # noqa: E402
 from edgemem.evaluate import adapter_id  # noqa: E402
 from edgemem.files import atomic_write_bytes, atomic_write_text, read_safetensors  # noqa: E402
 
@@ -261,10 +260,8 @@ def ship(
     `answer_window` and `segment_align` None: the adapter's own."""
     config, tensors = read_adapter(adapter)
     meta, _ = read_safetensors(adapter, "adapter")
-    overrides = {"answer_window": answer_window, "segment_align": segment_align}
-    if overrides := {k: v for k, v in overrides.items() if v is not None}:
-        # checked as a reader will check it, before anything is written
-        config = parse_config(replace(config, **overrides).to_json(), "the memory settings asked for")
+    if answer_window is not None or segment_align is not None:  # refused before anything is written
+        config = override_config(config, segment_align=segment_align, answer_window=answer_window)
         meta = {**meta, "config": config.to_json()}
     train_config = json.loads(meta["train_config"])
     model = train_config["model"]

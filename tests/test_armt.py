@@ -198,6 +198,9 @@ def test_aligned_segments_end_after_a_sentence_and_never_cut_one_of_up_to_n_toke
 
 def test_sentence_end_ids_are_the_tokens_that_end_a_sentence_or_a_line():
     """The real tokenizer's sentence ends: '.', '!', '?' and newline tokens, not words or digits."""
+    from dataclasses import replace
+
+    from edgemem.armt import alignment_ends
     from edgemem.models import load_tokenizer
 
     tok = load_tokenizer("smollm2-135m-instruct")
@@ -207,6 +210,10 @@ def test_sentence_end_ids_are_the_tokens_that_end_a_sentence_or_a_line():
     for text in (" the", " 7", " magic", ":"):
         assert tok(text, add_special_tokens=False).input_ids[-1] not in ends
     assert 10 < len(ends) < len(tok) // 10
+    # what an ingest is handed: these ends for an aligned config, none (no vocabulary scan) otherwise
+    config = ARMTConfig.for_model(30, segment_len=128)
+    assert alignment_ends(config, tok) == frozenset()
+    assert alignment_ends(replace(config, segment_align=48), tok) == ends
 
 
 def test_aligned_ingest_resumes_to_the_uninterrupted_state_and_needs_the_sentence_ends():

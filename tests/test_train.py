@@ -2144,13 +2144,14 @@ def test_memory_read_share_parts_sum_to_the_read_the_memory_makes():
         rows.append((k[0], ((v - vbar) * beta.unsqueeze(-1))[0], beta[0]))
         labels += ["needle", "digits", "other", "other", "write", "write"]
     phi_q = dpfp(torch.randn(4, generator=g), 3)
-    parts = module.split_read(rows, labels, phi_q, z[0])
+    keys, values, _rates = module.stack_rows(rows)
+    parts = module.split_read(keys, values, labels, phi_q, z[0])
     assert set(parts) == set(module.GROUPS)
     read = memory_read(phi_q.view(1, 1, -1), A, z)[0, 0]
     assert torch.allclose(sum(parts.values()), read, atol=1e-5)
     assert not torch.allclose(parts["needle"], parts["other"])
     only = [lab if lab == "needle" else "write" for lab in labels]
-    assert torch.allclose(module.split_read(rows, only, phi_q, z[0])["needle"], parts["needle"])
+    assert torch.allclose(module.split_read(keys, values, only, phi_q, z[0])["needle"], parts["needle"])
 
 
 def test_niah_mk_confusions_say_whose_number_an_answer_writes():
