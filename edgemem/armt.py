@@ -201,6 +201,7 @@ class _SegmentContext:
     write_tokens: int  # 0: read only (the answer segment)
     new_A: dict[int, Tensor] = field(default_factory=dict)
     new_z: dict[int, Tensor] = field(default_factory=dict)
+    write_inputs: dict[int, Tensor] | None = None  # filled with each layer's write input m when given
 
 
 class MemoryLayer(nn.Module):
@@ -247,6 +248,8 @@ class MemoryLayer(nn.Module):
         out = self.layer(hidden_states, *args, **kwargs)
         if armt.write_tokens:
             m = self._memory_input(out if self.write_segment else out[:, -armt.write_tokens :])
+            if armt.write_inputs is not None:
+                armt.write_inputs[self.index] = m
             armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
                 m, A, z, first=armt.state.writes == 0
             )
@@ -407,6 +410,16 @@ class ARMT(nn.Module):
             self.base.model(inputs_embeds=embeds, use_cache=False, armt=ctx)
             logits = None
         return MemoryState(ctx.new_A, ctx.new_z, state.writes + 1), logits
+
+    def write_inputs(self, input_ids: Tensor, state: MemoryState) -> dict[int, Tensor]:
+        """Run one segment as `step` does and return what each memory layer writes from:
+        {layer: m}, m [B, M, D] (the write tokens' outputs) or, with write_source = "segment",
+        [B, S + M, D]. `self.memories[str(layer)].write(m, A, z, first)` is the layer's new (A, z).
+        """
+        ctx = _SegmentContext(state, self.config.num_write_tokens, write_inputs={})
+        self.base.model(inputs_embeds=self._embed(input_ids, write=True), use_cache=False, armt=ctx)
+        assert ctx.write_inputs is not None
+        return ctx.write_inputs
 
     def read_only_forward(self, input_ids: Tensor, state: MemoryState, cache: object | None = None) -> Tensor:
         """The answer segment and each generated token: read memory, never write.

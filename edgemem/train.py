@@ -123,6 +123,11 @@ class Stage:
       gold one.
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
     bptt: back-propagate through the last K written segments only (0: all of them).
+    write_grad: with bptt, the segments before the last K still back-propagate into their writes'
+      projections (W_K, W_V, W_b): the state keeps their writes in the graph, computed from the
+      layer outputs taken as constants, so the backbone runs them without a graph. Without it
+      nothing written before the last K segments gets a gradient, and a long haystack's writes
+      (its digit tokens at 64k, "Forty-third session") never learn to stay small.
     mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
     """
 
@@ -150,6 +155,7 @@ class Stage:
     short_segment_len: int = 0
     p_short: float = 0.5
     bptt: int = 0
+    write_grad: bool = False
     checkpointing: bool = False
     mix: tuple[str, ...] = MIX_TASKS
 
@@ -185,6 +191,11 @@ class Stage:
             raise EdgememError(f"stage {self.name!r}: view is other|same, not {self.view!r}")
         if not 0 <= self.p_short <= 1 or not 0 <= self.p_tail <= 1 or not 0 <= self.p_view <= 1:
             raise EdgememError(f"stage {self.name!r}: p_short, p_tail and p_view must lie in [0, 1]")
+        if self.write_grad and (self.bptt < 1 or self.task == "lm"):
+            raise EdgememError(
+                f"stage {self.name!r}: write_grad needs bptt (the segments before the last K) and a "
+                "task scored on its answer, not lm"
+            )
 
 
 @dataclass(frozen=True)
@@ -644,10 +655,14 @@ def forward_loss(armt: ARMT, batch: Batch, stage: Stage, global_batch: int) -> t
     segment_loss: list[float] = []
     head = armt.base.get_output_embeddings()
     for j in range(n):
-        if stage.bptt and n - j > stage.bptt:
-            state = _detach(state)
         ids = batch.written[:, j * S : (j + 1) * S]
         want_logits = stage.task == "lm" and j > 0
+        if stage.bptt and n - j > stage.bptt:  # this segment's input state is cut from the graph
+            if not stage.write_grad:
+                state = _detach(state)
+            elif n - j > stage.bptt + 1 and torch.is_grad_enabled():  # its output state is too
+                state = _write_only_step(armt, ids, state)
+                continue
         if stage.checkpointing and torch.is_grad_enabled():
             state, logits = _checkpointed_step(armt, ids, state, want_logits)
         else:
@@ -692,6 +707,18 @@ def merge_stats(parts: list[tuple[int, dict]]) -> dict:
     if "exact" in parts[0][1]:
         merged["exact"] = sum(rows * stats["exact"] for rows, stats in parts) / total
     return merged
+
+
+def _write_only_step(armt: ARMT, ids: Tensor, state: MemoryState) -> MemoryState:
+    """armt.step with the backbone out of the graph (Stage.write_grad): the new state
+    back-propagates into the state before it and into the memory projections of this segment's
+    writes, not into the layer outputs they are computed from. The same values as armt.step."""
+    with torch.no_grad():
+        inputs = armt.write_inputs(ids, _detach(state))
+    A, z = {}, {}
+    for i, m in inputs.items():
+        A[i], z[i] = armt.memories[str(i)].write(m, state.A[i], state.z[i], first=state.writes == 0)
+    return MemoryState(A, z, state.writes + 1)
 
 
 def _checkpointed_step(armt: ARMT, ids: Tensor, state: MemoryState, want_logits: bool):
@@ -813,12 +840,13 @@ def recall_accuracy(
     """Exact answers (every answer token the argmax, i.e. what greedy decoding would produce) on
     `items` fixed held-out items with `segments` written segments."""
     probe = replace(stage, batch_size=min(8, items), keys=1)
+    scored = replace(probe, task="recall", bptt=0, write_grad=False, checkpointing=False)
     exact = 0.0
     done = 0
     k = 0
     while done < items:
         batch = make_batch(step_rng(seed, k, f"eval-{segments}"), probe, segment_len, segments)
-        _, stats = forward_loss(armt, batch, replace(probe, task="recall", bptt=0, checkpointing=False), 1)
+        _, stats = forward_loss(armt, batch, scored, 1)
         exact += stats["exact"] * batch.written.shape[0]
         done += batch.written.shape[0]
         k += 1

@@ -905,6 +905,17 @@ def test_distractors_spread_over_the_stream_while_the_asked_needle_stays_late():
         replace(stage, distractor_segment="middle")
 
 
+def armt_with_written_values(config: TrainConfig) -> ARMT:
+    """A tiny ARMT whose W_V is random, as a trained memory's: with W_V = 0 early writes carry no
+    gradient at all."""
+    armt = build_armt(tiny_llama(), config)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for memory in armt.memories.values():
+            memory.W_V.weight.normal_(0, 0.1)
+    return armt
+
+
 def test_gradient_checkpointing_and_truncation():
     """Recomputing segments gives the same gradients; truncated BPTT cuts the gradient of early writes."""
     config = tiny_config(steps=1, segments=(3,), needle_segment="first", needle="random")
@@ -912,16 +923,49 @@ def test_gradient_checkpointing_and_truncation():
     batch = TokenRecall(VOCAB).batch(random.Random(0), stage, 4, 3)
     grads = []
     for variant in (stage, replace(stage, checkpointing=True), replace(stage, bptt=1)):
-        armt = build_armt(tiny_llama(), config)
-        torch.manual_seed(1)
-        with torch.no_grad():  # a trained memory: with W_V = 0 early writes carry no gradient at all
-            for memory in armt.memories.values():
-                memory.W_V.weight.normal_(0, 0.1)
+        armt = armt_with_written_values(config)
         loss, _ = forward_loss(armt, batch, variant, 16)
         loss.backward()
         grads.append(armt.write_embeddings.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
     assert not torch.allclose(grads[0], grads[2])
+
+
+def test_write_grad_reaches_the_writes_before_the_bptt_window_and_nothing_else():
+    """With write_grad the segments before the last K give their writes' projections a gradient
+    (truncated BPTT alone gives them none) and nothing else: the loss, the write embeddings' and
+    the LoRA's gradients are truncated BPTT's; with every segment in the window it is full BPTT."""
+    config = tiny_config(steps=1, segments=(4,), needle_segment="first", needle="random", backbone="lora")
+    stage = config.stages[0]
+    batch = TokenRecall(VOCAB).batch(random.Random(0), stage, 4, 4)
+    runs = {}
+    for name, variant in {
+        "full": stage,
+        "cut": replace(stage, bptt=1),
+        "writes": replace(stage, bptt=1, write_grad=True),
+        "writes-all": replace(stage, bptt=4, write_grad=True),
+    }.items():
+        for write_source in ("write_tokens", "segment"):
+            armt = armt_with_written_values(replace(config, write_source=write_source))
+            loss, _ = forward_loss(armt, batch, variant, 16)
+            loss.backward()
+            grads = {n: p.grad.clone() for n, p in armt.named_parameters() if p.grad is not None}
+            runs[name, write_source] = loss.detach(), grads
+    for source in ("write_tokens", "segment"):
+        (full, g_full), (cut, g_cut) = runs["full", source], runs["cut", source]
+        (writes, g_writes), (writes_all, g_all) = runs["writes", source], runs["writes-all", source]
+        torch.testing.assert_close(writes, cut)
+        torch.testing.assert_close(writes_all, full)
+        for name in g_full:
+            torch.testing.assert_close(g_all[name], g_full[name])
+            if ".memory.W_" in name and "W_Q" not in name:
+                assert not torch.allclose(g_writes[name], g_cut[name]), name
+            else:  # the read, the write embeddings and the LoRA see only the last segment's graph
+                torch.testing.assert_close(g_writes[name], g_cut[name], msg=name)
+    with pytest.raises(EdgememError, match="write_grad"):
+        replace(stage, write_grad=True)
+    with pytest.raises(EdgememError, match="write_grad"):
+        replace(stage, task="lm", segments=(4,), bptt=1, write_grad=True)
 
 
 def test_norm_inputs_and_write_source_reach_the_memory_and_its_adapter(tmp_path):
