@@ -214,6 +214,9 @@ class TrainConfig:
     # ungated `init` adapter gets it open
     memory_lr_scale: float = 1.0  # the memory and write embeddings step at this multiple of the lr
     gate_lr_scale: float = 1.0  # the read gates (read_gate) step at this multiple of the lr
+    # the write gates (each memory's W_b: beta, how much a row writes) step at this multiple of
+    # the memory's rate (lr x memory_lr_scale)
+    write_gate_lr_scale: float = 1.0
     num_write_tokens: int = 16
     d_mem: int = 64
     seed: int = 0
@@ -249,7 +252,7 @@ class TrainConfig:
             raise EdgememError(f"backbone must be 'frozen', 'lora' or 'full', not {self.backbone!r}")
         if not self.stages:
             raise EdgememError("a training config needs at least one stage")
-        for name in ("memory_lr_scale", "gate_lr_scale"):
+        for name in ("memory_lr_scale", "gate_lr_scale", "write_gate_lr_scale"):
             if not 0 < getattr(self, name) <= 1000:
                 raise EdgememError(f"{name} must lie in (0, 1000], not {getattr(self, name)}")
         if self.data_workers < 0:
@@ -761,6 +764,11 @@ def _is_gate(name: str) -> bool:
     return _is_memory(name) and name.rsplit(".", 1)[-1] in ("gate_w", "gate_b")
 
 
+def _is_write_gate(name: str) -> bool:
+    """A memory's write gate (`AssociativeMemory.W_b`: beta = sigmoid(W_b m))."""
+    return _is_memory(name) and ".W_b." in name
+
+
 def _trainable(armt: ARMT) -> dict[str, torch.nn.Parameter]:
     return {name: p for name, p in armt.named_parameters() if p.requires_grad}
 
@@ -959,12 +967,20 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     trainable = _trainable(armt)
     params = list(trainable.values())
     gates = [p for n, p in trainable.items() if _is_gate(n)]
-    memory = [p for n, p in trainable.items() if _is_memory(n) and not _is_gate(n)]
+    # a group of their own only when they step at their own rate: runs from before resume as they were
+    own_rate = config.write_gate_lr_scale != 1.0
+    write_gates = [p for n, p in trainable.items() if own_rate and _is_write_gate(n)]
+    memory = [
+        p
+        for n, p in trainable.items()
+        if _is_memory(n) and not _is_gate(n) and not (own_rate and _is_write_gate(n))
+    ]
     rest = [p for n, p in trainable.items() if not _is_memory(n)]
     groups = [
         {"params": memory, "scale": config.memory_lr_scale},
         {"params": rest, "scale": 1.0},
         {"params": gates, "scale": config.gate_lr_scale},  # empty (dropped) without read_gate
+        {"params": write_gates, "scale": config.memory_lr_scale * config.write_gate_lr_scale},  # empty at 1.0
     ]
     optimizer = torch.optim.AdamW(
         [g for g in groups if g["params"]], lr=config.stages[0].lr, weight_decay=0.0

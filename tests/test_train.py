@@ -488,6 +488,27 @@ def test_a_read_gate_joins_an_ungated_init_open_and_trains(tmp_path):
         replace(gated, gate_lr_scale=0.0)
 
 
+def test_write_gates_step_at_their_own_rate(tmp_path):
+    """`write_gate_lr_scale` moves each memory's W_b (beta) that much farther than the memory's
+    rate does (Adam: ~lr per step) and leaves the other memory weights at the memory's rate."""
+    moved = {}
+    for scale in (1.0, 100.0):
+        config = replace(tiny_config(steps=2, backbone="lora"), write_gate_lr_scale=scale)
+        run = tiny_run(config, tmp_path / str(scale))
+        start = {k: v.clone() for k, v in run.armt.adapter_tensors().items()}
+        train(config, run)
+        _, trained = read_adapter(tmp_path / str(scale) / "adapter.safetensors")
+        moved[scale] = {
+            part: max(float((trained[k] - start[k]).abs().max()) for k in trained if f".{part}." in k)
+            for part in ("W_b", "W_K", "W_V")
+        }
+    assert moved[100.0]["W_b"] > 30 * moved[1.0]["W_b"] > 0
+    for part in ("W_K", "W_V"):
+        assert moved[100.0][part] < 3 * moved[1.0][part]
+    with pytest.raises(EdgememError, match="write_gate_lr_scale"):
+        replace(tiny_config(steps=2), write_gate_lr_scale=0.0)
+
+
 def test_adapter_file_round_trips(tmp_path):
     """The run's adapter loads into a fresh model with the same hash and says how it was trained."""
     config = tiny_config(steps=3, backbone="frozen")
