@@ -122,12 +122,14 @@ class Stage:
       trained stream lengths it is the one the answers lose, written as one digit whatever the
       gold one.
     short_segment_len / p_short: stochastic segment length (0: fixed at segment_len).
-    bptt: back-propagate through the last K written segments only (0: all of them).
-    write_grad: with bptt, the segments before the last K still back-propagate into their writes'
-      projections (W_K, W_V, W_b): the state keeps their writes in the graph, computed from the
-      layer outputs taken as constants, so the backbone runs them without a graph. Without it
-      nothing written before the last K segments gets a gradient, and a long haystack's writes
-      (its digit tokens at 64k, "Forty-third session") never learn to stay small.
+    bptt: back-propagate through the last K written segments only (0: all of them): the state
+      is cut from the graph before each earlier segment, so the last K segments' reads and the
+      last K + 1 segments' writes get a gradient.
+    write_grad: with bptt, the writes of the segments before those still back-propagate into their
+      memory projections (W_K, W_V, W_b): the state keeps them in the graph, computed from the
+      layer outputs taken as constants, so the backbone runs those segments without a graph.
+      Without it nothing written earlier gets a gradient, and a long haystack's writes (its digit
+      tokens at 64k, docs/RESULTS.md "Forty-third session") cannot learn to stay small.
     mix: with task = "mix", the tasks each item of a batch draws from (uniformly).
     """
 
