@@ -201,7 +201,8 @@ class _SegmentContext:
     write_tokens: int  # 0: read only (the answer segment)
     new_A: dict[int, Tensor] = field(default_factory=dict)
     new_z: dict[int, Tensor] = field(default_factory=dict)
-    write_inputs: dict[int, Tensor] | None = None  # filled with each layer's write input m when given
+    # given: each memory layer puts its write input m here instead of writing (`ARMT.write_inputs`)
+    write_inputs: dict[int, Tensor] | None = None
 
 
 class MemoryLayer(nn.Module):
@@ -250,9 +251,10 @@ class MemoryLayer(nn.Module):
             m = self._memory_input(out if self.write_segment else out[:, -armt.write_tokens :])
             if armt.write_inputs is not None:
                 armt.write_inputs[self.index] = m
-            armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
-                m, A, z, first=armt.state.writes == 0
-            )
+            else:
+                armt.new_A[self.index], armt.new_z[self.index] = self.memory.write(
+                    m, A, z, first=armt.state.writes == 0
+                )
         return out
 
 
@@ -412,9 +414,10 @@ class ARMT(nn.Module):
         return MemoryState(ctx.new_A, ctx.new_z, state.writes + 1), logits
 
     def write_inputs(self, input_ids: Tensor, state: MemoryState) -> dict[int, Tensor]:
-        """Run one segment as `step` does and return what each memory layer writes from:
-        {layer: m}, m [B, M, D] (the write tokens' outputs) or, with write_source = "segment",
-        [B, S + M, D]. `self.memories[str(layer)].write(m, A, z, first)` is the layer's new (A, z).
+        """Run one segment as `step` does, reading `state`, and return what each memory layer would
+        write from instead of writing it: {layer: m}, m [B, M, D] (the write tokens' outputs) or,
+        with write_source = "segment", [B, S + M, D]. `self.memories[str(layer)].write(m, A, z,
+        first)` is then the layer's new (A, z), as `step` computes it.
         """
         ctx = _SegmentContext(state, self.config.num_write_tokens, write_inputs={})
         self.base.model(inputs_embeds=self._embed(input_ids, write=True), use_cache=False, armt=ctx)

@@ -719,7 +719,7 @@ def _write_only_step(armt: ARMT, ids: Tensor, state: MemoryState) -> MemoryState
     back-propagates into the state before it and into the memory projections of this segment's
     writes, not into the layer outputs they are computed from. The same values as armt.step."""
     with torch.no_grad():
-        inputs = armt.write_inputs(ids, _detach(state))
+        inputs = armt.write_inputs(ids, state)
     A, z = {}, {}
     for i, m in inputs.items():
         A[i], z[i] = armt.memories[str(i)].write(m, state.A[i], state.z[i], first=state.writes == 0)

@@ -22,6 +22,10 @@ tensor names and shapes. The blend keeps B's model id and training metadata, so
 the LoRA factors their own alpha (the memory and the write embeddings keep `--alpha`): the
 backbone's update and the memory can come from different points of the line. The blend records
 both parents' sha256 and both alphas in its metadata.
+
+`python scripts/blend_adapters.py A B --distances` writes nothing and prints |B - A| / |A| for each
+memory and write-embedding tensor: how far a run moved its `init` (docs/RESULTS.md, "Forty-fourth
+session").
 """
 
 from __future__ import annotations
@@ -74,11 +78,15 @@ def same_memory(a: ARMTConfig, b: ARMTConfig) -> bool:
     return replace(a, answer_window=0) == replace(b, answer_window=0)
 
 
-def distances(a: Tensors, b: Tensors) -> dict[str, float]:
-    """|B - A| / |A| per group (memory, write_embeddings, lora.A, lora.B): how far apart the parents are."""
+def distances(a: Tensors, b: Tensors, per_tensor: bool = False) -> dict[str, float]:
+    """|B - A| / |A| per group (memory, write_embeddings, lora.A, lora.B), or with `per_tensor` per
+    tensor name: how far apart the parents are (or how far a run moved its `init`)."""
     sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for name, x in a.items():
-        group = name.split(".")[0] + (f".{name.rsplit('.', 1)[1]}" if name.startswith("lora.") else "")
+        if per_tensor:
+            group = name
+        else:
+            group = name.split(".")[0] + (f".{name.rsplit('.', 1)[1]}" if name.startswith("lora.") else "")
         sums[group][0] += float((b[name].float() - x.float()).pow(2).sum())
         sums[group][1] += float(x.float().pow(2).sum())
     return {g: (d / n) ** 0.5 if n else float("inf") for g, (d, n) in sums.items()}
@@ -131,8 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("a", type=Path, help="adapter at alpha 0")
     parser.add_argument("b", type=Path, help="adapter at alpha 1 (its memory config is the blend's)")
-    parser.add_argument("--alpha", type=float, required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--alpha", type=float)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--distances",
+        action="store_true",
+        help="print |B - A| / |A| for every memory and write-embedding tensor, write nothing",
+    )
     parser.add_argument(
         "--alpha-lora", type=float, default=None, help="the LoRA factors' alpha (default --alpha)"
     )
@@ -140,6 +153,20 @@ def main(argv: list[str] | None = None) -> int:
         "--answer-window", type=int, default=None, help="the blend's answer window (default B's)"
     )
     args = parser.parse_args(argv)
+    if args.distances:
+        try:
+            (_, tensors_a), (_, tensors_b) = read_adapter(args.a), read_adapter(args.b)
+            if {k: v.shape for k, v in tensors_a.items()} != {k: v.shape for k, v in tensors_b.items()}:
+                raise EdgememError("the adapters have different tensors or shapes")
+        except EdgememError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        for name, d in distances(tensors_a, tensors_b, per_tensor=True).items():
+            if not name.startswith("lora."):
+                print(f"{name} {d:.4f}")
+        return 0
+    if args.alpha is None or args.out is None:
+        parser.error("--alpha and --out are needed to blend (or --distances)")
     try:
         config, far = blend_files(args.a, args.b, args.alpha, args.out, args.answer_window, args.alpha_lora)
     except EdgememError as exc:

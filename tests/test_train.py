@@ -620,6 +620,11 @@ def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp
         if alpha in (0.0, 1.0):  # the parents themselves, bit for bit
             assert all(torch.equal(tensors[k], expect[k].float()) for k in a)
         assert set(far) == {"memory", "write_embeddings", "lora.A", "lora.B"} and min(far.values()) > 0
+    each = module.distances(a, b, per_tensor=True)  # --distances: how far a run moved its init
+    assert set(each) == set(a)
+    for name in ("write_embeddings", next(k for k in a if k.endswith("W_b.weight"))):
+        expect_d = float((b[name].float() - a[name].float()).norm() / a[name].float().norm())
+        assert each[name] == pytest.approx(expect_d, rel=1e-5)
     ARMT(tiny_llama(), blend_config).load_adapter_tensors(tensors)
     meta, _ = read_safetensors(out, "adapter")
     assert meta["model_id"] == "tiny" and json.loads(meta["blend"]) == {
