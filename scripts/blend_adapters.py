@@ -53,6 +53,16 @@ Tensors = dict[str, torch.Tensor]
 TRAINING_METADATA = ("model_id", "train_config", "train_steps", "init_sha256")
 
 
+def same_tensors(a: Tensors, b: Tensors) -> None:
+    """Refuse (one line) two adapters whose tensor names or shapes differ."""
+    if a.keys() != b.keys():
+        missing = sorted(a.keys() ^ b.keys())[:3]
+        raise EdgememError(f"the adapters have different tensors ({missing})")
+    for name, x in a.items():
+        if x.shape != b[name].shape:
+            raise EdgememError(f"tensor {name}: shapes {tuple(x.shape)} and {tuple(b[name].shape)} differ")
+
+
 def blend(a: Tensors, b: Tensors, alpha: float, alpha_lora: float | None = None) -> Tensors:
     """(1 - alpha) * a + alpha * b per tensor, in float32 (`torch.lerp`: alpha 0 gives a, 1 gives b
     exactly); the LoRA factors (`lora.*`) with `alpha_lora` instead where it is given."""
@@ -60,14 +70,10 @@ def blend(a: Tensors, b: Tensors, alpha: float, alpha_lora: float | None = None)
     for value in (alpha, alpha_lora):
         if not 0.0 <= value <= 1.0:
             raise EdgememError(f"alpha must be in [0, 1], got {value}")
-    if a.keys() != b.keys():
-        missing = sorted(a.keys() ^ b.keys())[:3]
-        raise EdgememError(f"the adapters have different tensors ({missing})")
+    same_tensors(a, b)
     out = {}
     for name, x in a.items():
         y = b[name]
-        if x.shape != y.shape:
-            raise EdgememError(f"tensor {name}: shapes {tuple(x.shape)} and {tuple(y.shape)} differ")
         t = alpha_lora if name.startswith("lora.") else alpha
         out[name] = torch.lerp(x.float(), y.float(), t)
     return out
@@ -156,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.distances:
         try:
             (_, tensors_a), (_, tensors_b) = read_adapter(args.a), read_adapter(args.b)
-            if {k: v.shape for k, v in tensors_a.items()} != {k: v.shape for k, v in tensors_b.items()}:
-                raise EdgememError("the adapters have different tensors or shapes")
+            same_tensors(tensors_a, tensors_b)
         except EdgememError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

@@ -10,7 +10,8 @@ a segment boundary cuts it ("cut"). It then counts, over the items every file ho
 the near misses (5+ of 7 digits in place) per file, split by where the needle was, how often each
 file agrees with the first, per length the items only a file or only the first answers, and which
 digits a file's wrong 7-digit answers write in place of which, at which positions, which digit
-a wrong first digit is written as, and in how many it is the only wrong digit:
+a wrong first digit is written as, in how many it is the only wrong digit, and how many wrong
+answers have one wrong digit:
 
     python scripts/niah_tail_split.py docs/eval-sweep/smollm2-135m-instruct/niah.armt.jsonl
     python scripts/niah_tail_split.py SHIPPED.jsonl PROBE.jsonl CONTROL.jsonl   # same items side by side
@@ -131,6 +132,13 @@ def only_first_wrong(records: list[dict]) -> int:
     return sum(digits[0] != gold[0] and digits[1:] == gold[1:] for digits, gold in _blurred(records))
 
 
+def one_wrong_digit(records: list[dict]) -> tuple[int, int]:
+    """(wrong answers of the gold's length with exactly one wrong digit, all wrong answers of the
+    gold's length): how many misses the memory kept but for one digit."""
+    blurred = _blurred(records)
+    return sum(sum(g != w for g, w in zip(d, gold, strict=True)) == 1 for d, gold in blurred), len(blurred)
+
+
 def only_right(runs: list[dict[str, dict]], shared: set[str]) -> dict[int, list[tuple[int, int]]]:
     """Per length, for each file after the first: (items it answers and the first does not, items the
     first answers and it does not), over `shared`."""
@@ -218,6 +226,8 @@ def main() -> None:
         print(f"       in place of: {most_common(replaced)}")
         positions = wrong_positions(records)
         print(f"       at positions: {', '.join(f'{p} x{positions[p]}' for p in sorted(positions))}")
+        one, blurred = one_wrong_digit(records)
+        print(f"       one wrong digit in {one} of the {blurred} wrong answers of the gold's length")
         firsts, alone = most_common(wrong_first_digits(records)), only_first_wrong(records)
         print(f"       first digit, where wrong, written as: {firsts} (the only wrong digit in {alone})")
 

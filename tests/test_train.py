@@ -594,7 +594,7 @@ def test_ship_adapter_keeps_the_memory_in_float16_and_cards_only_its_own_eval_li
     assert not (tmp_path / "tiny.safetensors").exists()
 
 
-def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp_path):
+def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp_path, capsys):
     """scripts/blend_adapters.py: alpha 0 and 1 give the parents' tensors exactly and 0.5 their mean;
     the blend loads into the same model, takes the answer window asked for and records its parents;
     adapters of another memory config or model are refused in one line, with nothing written."""
@@ -659,6 +659,17 @@ def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp
         module.main([str(files[0]), str(other), "--alpha", "0.5", "--out", str(tmp_path / "x.safetensors")])
         == 1
     )
+    # --distances prints each memory and write-embedding tensor's |B - A| / |A| (no LoRA), writes
+    # nothing, and refuses adapters of other shapes in one line
+    capsys.readouterr()
+    assert module.main([str(files[0]), str(files[1]), "--distances"]) == 0
+    printed = dict(line.split() for line in capsys.readouterr().out.splitlines())
+    assert set(printed) == {k for k in a if not k.startswith("lora.")}
+    assert all(float(v) == pytest.approx(each[k], abs=1e-4) for k, v in printed.items())
+    assert module.main([str(files[0]), str(other), "--distances"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: tensor ") and "differ" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "x.safetensors").exists()
 
 
 def test_ship_adapter_card_says_how_each_step_computed_from_the_log(tmp_path):
@@ -1522,7 +1533,8 @@ def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     """The count behind RESULTS' "wrong digits collapse onto 3": per wrong answer with as many
     digits as the gold number, each differing position counts the digit written, the one it
     replaced and the position, and a wrong first digit the digit written there (and whether it is
-    the only wrong one); right answers and answers of another length are not counted."""
+    the only wrong one), and how many such answers have one wrong digit; right answers and answers
+    of another length are not counted."""
     module = load_script("niah_tail_split")
 
     def line(prediction, gold, correct=False):
@@ -1544,6 +1556,7 @@ def test_tail_split_counts_which_digits_wrong_answers_write_in_place_of_which():
     biased = [*lines, line(" 3286990.", "9286990"), line(" 3540866.", "5540866")]
     assert module.wrong_first_digits(biased) == {"0": 1, "3": 2}
     assert module.only_first_wrong(lines) == 0 and module.only_first_wrong(biased) == 2
+    assert module.one_wrong_digit(lines) == (2, 3) and module.one_wrong_digit(biased) == (4, 5)
 
 
 def test_ablation_cost_projects_each_steps_shape_at_the_logs_median(tmp_path, capsys):
