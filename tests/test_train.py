@@ -744,6 +744,27 @@ def test_ship_adapter_card_names_the_training_cpu_from_the_log_not_the_shipping_
     assert ship.hardware_line(unnamed, {}) == "float32, 2 training threads; the log does not name the CPU"
 
 
+def test_committed_model_card_names_the_shipped_file_and_its_evaluation_lines():
+    """Each card in edgemem/adapters/ names the adapter hash and file id of the file beside it, and
+    the evaluation files its `--eval` cites hold lines of that file id. Shipping is done by copying
+    the staged (measured) file in and re-writing the card; a file copied after the card, or lines
+    measured on another file's bytes, would leave the card describing another memory."""
+    from edgemem.armt import adapter_hash
+
+    cards = sorted((REPO / "edgemem" / "adapters").glob("*.md"))
+    assert cards
+    for card in cards:
+        weights, text = card.with_suffix(".safetensors"), card.read_text()
+        file_id = sha256_file(weights)[:16]
+        assert f"`{adapter_hash(*read_adapter(weights))[:16]}`" in text, card.name
+        assert f"file id in evaluation lines: `{file_id}`" in text, card.name
+        command = re.search(r"Shipped \S+ by `([^`]+)`", text).group(1).split()
+        evals = command[command.index("--eval") + 1 :] if "--eval" in command else []
+        for name in evals:
+            lines = [json.loads(line) for line in (REPO / name).read_text().splitlines() if line]
+            assert any(r.get("adapter") == file_id for r in lines), (card.name, name)
+
+
 def test_ship_adapter_card_names_the_gpu_a_resumed_run_moved_to():
     """A run begun on the CPU and resumed on a GPU: the card's hardware line names the GPU for its
     steps (threads say nothing there), and the CPU's threads for the others."""
