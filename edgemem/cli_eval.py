@@ -13,6 +13,7 @@ import typer
 
 from edgemem.cli_common import AnswerWindowOpt, ModelOpt, SegmentOpt, _out, err, user_errors
 from edgemem.errors import EdgememError
+from edgemem.files import atomic_write_text
 
 data_app = typer.Typer(
     help="Offline corpora and the long-context tasks built from them.", no_args_is_help=True
@@ -164,7 +165,9 @@ def eval_run(
 @user_errors
 def eval_plot(
     results: ResultsOpt = Path("docs/eval"),
-    out: Annotated[Path, typer.Option(help="PNG to write.")] = Path("docs/eval/accuracy.png"),
+    out: Annotated[
+        Path, typer.Option(help="PNG to write; summary.json (the table's rows) goes beside it.")
+    ] = Path("docs/eval/accuracy.png"),
     update: Annotated[
         Path | None, typer.Option(help="Markdown file whose eval table to replace (e.g. docs/RESULTS.md).")
     ] = None,
@@ -177,7 +180,8 @@ def eval_plot(
         raise EdgememError(f"no results in {results}")
     plot(rows, out)
     table = markdown_table(rows)
-    (results / "summary.json").write_text(json.dumps(rows, indent=1))
+    # beside the PNG, not in the results folder (which may be a committed record)
+    atomic_write_text(out.parent / "summary.json", json.dumps(rows, indent=1))
     if update is not None:
         update_results_md(update, table)
     _out().print(table, markup=False)

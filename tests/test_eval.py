@@ -172,6 +172,22 @@ def test_summary_table_plot_and_results_file_update(tmp_path):
     )
 
 
+def test_eval_plot_writes_only_beside_its_out_and_leaves_the_results_folder_untouched(tmp_path):
+    """`eval plot --results DIR --out X.png` reads DIR and writes X.png with summary.json beside it:
+    following a RESULTS command on a committed results folder leaves the checkout as it was."""
+    results = tmp_path / "committed" / "m"
+    results.mkdir(parents=True)
+    (results / "niah.armt.jsonl").write_text(json.dumps(_record("armt", 1024, True)) + "\n")
+    before = sorted(p.name for p in results.parent.rglob("*"))
+    out = tmp_path / "elsewhere" / "acc.png"
+    result = CliRunner().invoke(app, ["eval", "plot", "--results", str(results.parent), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in results.parent.rglob("*")) == before
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out.parent / "summary.json").read_text())
+    assert [(r["task"], r["length"], r["accuracy"]) for r in summary] == [("niah", 1024, 1.0)]
+
+
 def test_armt_lines_are_kept_apart_by_the_memory_that_made_them(tmp_path):
     """A new adapter re-runs the items an older memory answered (resume skips only its own), and
     the table shows the fresh memory as armt-untrained and only the latest trained adapter as armt."""
