@@ -30,7 +30,7 @@ from safetensors.torch import save
 from torch import Tensor, nn
 
 from edgemem.errors import EdgememError
-from edgemem.files import atomic_write_bytes, read_safetensors
+from edgemem.files import atomic_write_bytes, read_safetensors, require_file
 from edgemem.memory import AssociativeMemory
 
 ADAPTER_FORMAT = "edgemem-adapter/1"
@@ -532,8 +532,7 @@ def save_adapter(armt: ARMT, path: Path, metadata: dict[str, str] | None = None)
 def read_adapter(path: Path) -> tuple[ARMTConfig, dict[str, Tensor]]:
     """Read an adapter file: (its memory config, its tensors). Refuses anything that is not one."""
     path = Path(path)
-    if not path.is_file():
-        raise EdgememError(f"adapter {path} does not exist")
+    require_file(path, "adapter")
     meta, tensors = read_safetensors(path, "adapter")
     if meta.get("format") != ADAPTER_FORMAT or "config" not in meta:
         raise EdgememError(f"adapter {path} has no edgemem adapter metadata")

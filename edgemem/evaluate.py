@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from edgemem.data.tasks import LENGTHS, Builder, Item
 from edgemem.errors import EdgememError
-from edgemem.files import try_lock
+from edgemem.files import require_file, try_lock
 from edgemem.scoring import Score, score
 
 if TYPE_CHECKING:
@@ -122,8 +122,8 @@ def _adapter_path(model: str, adapter: str | None) -> Path | None:
     from edgemem.models import REGISTRY
 
     path = Path(adapter).expanduser() if adapter else (shipped_adapter(model) if model in REGISTRY else None)
-    if path is not None and not path.is_file():
-        raise EdgememError(f"adapter {path} does not exist")
+    if path is not None:
+        require_file(path, "adapter")
     return path
 
 

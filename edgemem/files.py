@@ -77,6 +77,20 @@ def try_lock(handle: IO) -> bool:
     return True
 
 
+def require_file(path: Path, what: str) -> None:
+    """Nothing if `path` is a file; else one EdgememError naming `what` that says what is there
+    instead: nothing, a folder, or something else (a folder passed for a file is a different
+    mistake from a typo)."""
+    from edgemem.errors import EdgememError
+
+    if path.is_dir():
+        raise EdgememError(f"{what} {path} is a folder, not a file")
+    if path.exists() and not path.is_file():
+        raise EdgememError(f"{what} {path} is not a regular file")
+    if not path.is_file():
+        raise EdgememError(f"{what} {path} does not exist")
+
+
 def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:
     """(metadata, tensors) of a safetensors file; anything unreadable is one EdgememError naming `what`."""
     from safetensors import SafetensorError, safe_open

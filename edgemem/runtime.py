@@ -40,7 +40,7 @@ from edgemem.export.bundle import (
     inside,
     read_manifest,
 )
-from edgemem.files import sha256_file
+from edgemem.files import require_file, sha256_file
 
 if TYPE_CHECKING:
     import onnxruntime as ort
@@ -669,8 +669,7 @@ def open_engine(
     adapter_sha = None
     if adapter is not None:
         adapter_path = Path(adapter).expanduser()
-        if not adapter_path.is_file():
-            raise EdgememError(f"adapter {adapter_path} does not exist")
+        require_file(adapter_path, "adapter")
         adapter_sha = sha256_file(adapter_path)
     check_fits(engine.manifest, engine.root, model=model, adapter_file_sha256=adapter_sha)
     return OrtRuntime(engine, load_tokenizer(engine))

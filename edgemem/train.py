@@ -69,7 +69,13 @@ from edgemem.data.tasks import (
 )
 from edgemem.errors import EdgememError
 from edgemem.evaluate import peak_rss_mb
-from edgemem.files import atomic_write_bytes, atomic_write_text, lock_exclusively, read_safetensors
+from edgemem.files import (
+    atomic_write_bytes,
+    atomic_write_text,
+    lock_exclusively,
+    read_safetensors,
+    require_file,
+)
 from edgemem.models import cpu_model
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
@@ -317,8 +323,7 @@ class TrainConfig:
 
 def load_config(path: Path) -> TrainConfig:
     path = Path(path)
-    if not path.is_file():
-        raise EdgememError(f"training config {path} does not exist")
+    require_file(path, "training config")
     try:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

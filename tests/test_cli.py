@@ -70,6 +70,20 @@ def test_missing_adapter(text_file, tmp_path):
     assert_one_line_error(result, "does not exist")
 
 
+def test_a_folder_given_where_a_file_is_asked_is_named_a_folder_not_missing(text_file, tmp_path):
+    """`--adapter DIR` and `edgemem train DIR`: the folder exists, so "does not exist" would send
+    the user looking for the wrong mistake."""
+    folder = tmp_path / "adapters"
+    folder.mkdir()
+    assert_one_line_error(
+        run("ingest", str(text_file), "--adapter", str(folder)), f"adapter {folder} is a folder, not a file"
+    )
+    assert_one_line_error(
+        run("train", str(folder), "--out", str(tmp_path / "run")),
+        f"training config {folder} is a folder, not a file",
+    )
+
+
 def test_remove_unknown_library_entry():
     assert_one_line_error(run("library", "--remove", "999"), "no library entry")
 
