@@ -6,6 +6,7 @@ Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import Annotated, TypeVar
@@ -66,3 +67,14 @@ def user_errors(func: F) -> F:
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def run_piped(main: Callable[[], object]) -> None:
+    """Run a script's `main` so that a reader that closes the pipe early (`script | head`) ends it
+    quietly with exit 1, as other filters do, not in a BrokenPipeError traceback."""
+    try:
+        main()
+        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)

@@ -51,12 +51,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from edgemem.cli_common import run_piped
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "ablations"
@@ -433,9 +434,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
-    except BrokenPipeError:  # `... | head` closed the pipe: stop quietly, as other filters do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    run_piped(main)

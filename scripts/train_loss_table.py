@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
+
+from edgemem.cli_common import run_piped
 
 
 def records(log: Path, until: int | None = None) -> list[dict]:
@@ -63,9 +64,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-        sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
-    except BrokenPipeError:  # `... | head` closed the pipe: stop quietly, as other filters do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
+    run_piped(lambda: main(sys.argv[1:]))

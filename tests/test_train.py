@@ -1503,6 +1503,25 @@ def test_tail_split_counts_per_length_the_items_only_one_file_answers():
     assert module.only_right([first, other], {"a", "b"}) == {1024: [(1, 0)]}
 
 
+def test_align_bounds_counts_the_boundaries_another_alignment_moves():
+    """`niah_align_bounds.py`: alignments 2 and 3 of 4-token segments end a segment at the same
+    place where a sentence ends in its last 2 tokens, so only segments whose last end lies 3
+    tokens back differ; fixed segments (0) end on multiples of 4 and here share none."""
+    module = load_script("niah_align_bounds")
+    ends = frozenset({9})
+    ids = [1, 1, 9, 1, 1, 1, 9, 1, 1, 9, 1, 1, 1, 1, 1, 1]  # sentence ends at 2, 6, 9
+    # align 3: [0,3) ends after 9 at index 2; [3,7) after index 6; [7,10) after 9; [10,14) none: 14
+    # align 2: 9 at index 2 is in the last 2 of [0,4) too -> 3; the same as 3 from there on
+    assert [module.segment_bounds(ids, 4, 0, a, ends) for a in (3, 2, 0)] == [
+        [3, 7, 10, 14],
+        [3, 7, 10, 14],
+        [4, 8, 12],
+    ]
+    assert module.moved_bounds(ids, [3, 2, 0], 4, 0, ends) == [(4, 0), (4, 0), (3, 3)]
+    later = [1, 9, 1, 1, 1, 1, 1, 1, 1, 1]  # the only end 3 tokens before the first segment's end
+    assert module.moved_bounds(later, [3, 2], 4, 0, ends) == [(2, 0), (2, 2)]
+
+
 def test_tail_split_says_whether_a_segment_boundary_cuts_the_needle():
     """`niah_tail_split.py` places a needle: in the tail (its number unwritten), "cut" when a written
     segment's end falls inside its tokens, else "written"; the token span is the needle sentence's
