@@ -1,4 +1,5 @@
-"""What every `edgemem` command shares: the consoles, common options and the user-error wrapper.
+"""What every `edgemem` command shares: the consoles, common options and the user-error wrapper;
+and for the scripts under scripts/, `run_piped` (a closed pipe ends them quietly).
 
 Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit code.
 """
