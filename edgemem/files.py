@@ -83,12 +83,13 @@ def require_file(path: Path, what: str) -> None:
     mistake from a typo)."""
     from edgemem.errors import EdgememError
 
+    if path.is_file():
+        return
     if path.is_dir():
         raise EdgememError(f"{what} {path} is a folder, not a file")
-    if path.exists() and not path.is_file():
+    if path.exists():
         raise EdgememError(f"{what} {path} is not a regular file")
-    if not path.is_file():
-        raise EdgememError(f"{what} {path} does not exist")
+    raise EdgememError(f"{what} {path} does not exist")
 
 
 def read_safetensors(path: Path, what: str) -> tuple[dict[str, str], dict]:

@@ -72,7 +72,7 @@ def test_missing_adapter(text_file, tmp_path):
 
 def test_a_folder_given_where_a_file_is_asked_is_named_a_folder_not_missing(text_file, tmp_path):
     """`--adapter DIR` and `edgemem train DIR`: the folder exists, so "does not exist" would send
-    the user looking for the wrong mistake."""
+    the user looking for the wrong mistake; a device (/dev/null) is named as not a regular file."""
     folder = tmp_path / "adapters"
     folder.mkdir()
     assert_one_line_error(
@@ -81,6 +81,10 @@ def test_a_folder_given_where_a_file_is_asked_is_named_a_folder_not_missing(text
     assert_one_line_error(
         run("train", str(folder), "--out", str(tmp_path / "run")),
         f"training config {folder} is a folder, not a file",
+    )
+    assert_one_line_error(
+        run("train", "/dev/null", "--out", str(tmp_path / "run")),
+        "training config /dev/null is not a regular file",
     )
 
 
