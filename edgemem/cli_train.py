@@ -29,6 +29,15 @@ def train_cmd(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="Torch threads (overrides the config).")
     ] = None,
+    micro_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--micro-batch",
+            min=1,
+            help="Rows per forward/backward pass, gradients summed to the same update (overrides the "
+            "config): fewer rows, less memory.",
+        ),
+    ] = None,
 ) -> None:
     """Train the memory adapter; the same command again resumes from the last checkpoint.
 
@@ -46,6 +55,8 @@ def train_cmd(
     cfg = load_config(config)
     if threads is not None:
         cfg = replace(cfg, threads=threads)
+    if micro_batch is not None:
+        cfg = replace(cfg, micro_batch=micro_batch)
     step = run_config(cfg, out, max_steps, log=lambda line: err.print(line, markup=False))
     err.print(f"step {step} of {cfg.total_steps}; adapter: {out / 'adapter.safetensors'}", markup=False)
     draw(out)

@@ -1192,9 +1192,10 @@ def build_armt(base: torch.nn.Module, config: TrainConfig) -> ARMT:
         init_config, tensors = read_adapter(Path(config.init))
         if init_config.read_gate and not config.read_gate:
             raise EdgememError(f"init adapter {config.init} has a read gate: set read_gate = true")
-        same_memory = replace(
+        same_memory = replace(  # how an adapter reads (segments, alignment, answer window) may differ
             init_config,
             segment_len=armt.config.segment_len,
+            segment_align=armt.config.segment_align,
             read_gate=config.read_gate,
             answer_window=config.answer_window,
         )

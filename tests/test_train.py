@@ -16,10 +16,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny import VOCAB, tiny_llama
 
-from edgemem.armt import ARMT, read_adapter, save_adapter
+from edgemem.armt import ARMT, override_config, read_adapter, save_adapter
 from edgemem.data.tasks import NIAH_NEEDLE, NIAH_PREFIX
 from edgemem.errors import EdgememError
-from edgemem.files import sha256_file
+from edgemem.files import read_safetensors, sha256_file
 from edgemem.models import cpu_model
 from edgemem.train import (
     FINAL_FRACTION,
@@ -452,6 +452,12 @@ def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
     train(follow, tiny_run(follow, tmp_path / "b"))  # a resume keeps the hash it started with
     with safe_open(str(tmp_path / "b" / "adapter.safetensors"), framework="pt") as handle:
         assert handle.metadata()["init_sha256"] == started_from != sha256_file(Path(follow.init))
+    shipped = tmp_path / "shipped.safetensors"  # a shipped adapter reads in sentence-aligned segments
+    meta, tensors = read_safetensors(Path(follow.init), "adapter")
+    aligned = override_config(read_adapter(Path(follow.init))[0], segment_align=3)
+    save_file(tensors, str(shipped), {**meta, "config": aligned.to_json()})
+    from_shipped = build_armt(tiny_llama(), replace(follow, init=str(shipped)))
+    assert from_shipped.config.segment_align == 0  # training's own segments: alignment is set at shipping
     other = replace(follow, d_mem=8)
     with pytest.raises(EdgememError, match="another memory"):
         build_armt(tiny_llama(), other)
@@ -599,7 +605,6 @@ def test_blend_adapters_interpolates_every_tensor_and_refuses_other_memories(tmp
     the blend loads into the same model, takes the answer window asked for and records its parents;
     adapters of another memory config or model are refused in one line, with nothing written."""
     from edgemem.armt import ARMTConfig
-    from edgemem.files import read_safetensors
 
     module = load_script("blend_adapters")
     config = ARMTConfig(memory_layers=(1,), segment_len=8, num_write_tokens=2, d_mem=8, lora_rank=2)
