@@ -458,6 +458,7 @@ def test_a_run_starts_from_another_runs_adapter_of_the_same_memory(tmp_path):
     save_file(tensors, str(shipped), {**meta, "config": aligned.to_json()})
     from_shipped = build_armt(tiny_llama(), replace(follow, init=str(shipped)))
     assert from_shipped.config.segment_align == 0  # training's own segments: alignment is set at shipping
+    assert from_shipped.adapter_hash() == run.armt.adapter_hash()  # its tensors, not a fresh memory
     other = replace(follow, d_mem=8)
     with pytest.raises(EdgememError, match="another memory"):
         build_armt(tiny_llama(), other)
