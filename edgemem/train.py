@@ -3,7 +3,9 @@
 A run is a folder: `config.toml` (a copy of what it was started with), `checkpoint.safetensors`
 (trainable parameters, AdamW state, step and the torch RNG: resumed exactly), `adapter.safetensors`
 (the memory adapter at the last checkpoint, what `--adapter` loads), `log.jsonl` (one line per
-step, one per evaluation) and `curves.png` (`edgemem train --plot --out RUN`).
+step, one per evaluation) and `curves.png` (`edgemem train --plot --out RUN`). A step taken in
+micro-batches also leaves `partial.safetensors` after each of them but the last (the summed
+gradients so far): a run killed mid-step resumes after its last finished micro-batch.
 
 Stages run in order. Each stage has its own task, segment length, number of written segments
 (sampled per batch from a list: the curriculum), learning rate with linear warm-up and cosine
@@ -79,6 +81,7 @@ from edgemem.files import (
 from edgemem.models import cpu_model
 
 CHECKPOINT_FORMAT = "edgemem-train/1"
+PARTIAL_FORMAT = "edgemem-train-partial/1"
 TASKS = ("lm", "recall", "vt", "docqa", "types", "mix", "tokens")
 ITEM_TASKS = ("vt", "docqa", "types")  # built by the evaluation's generators on the train split
 MIX_TASKS = ("recall", *ITEM_TASKS)
@@ -839,6 +842,79 @@ def load_checkpoint(path: Path, armt: ARMT, optimizer: torch.optim.Optimizer) ->
     return int(meta["step"]), meta.get("config", "")
 
 
+def params_digest(params: dict[str, torch.nn.Parameter]) -> str:
+    """sha256 of the trainable parameters' names and bytes: what a partial step's gradients were
+    computed on."""
+    digest = hashlib.sha256()
+    for name, p in params.items():
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class PartialStep:
+    """A step cut short after some of its micro-batches: `rows` of its local rows done, their
+    summed (weighted) loss, their stats [(rows, stats)] and the compute seconds they took."""
+
+    rows: int
+    loss: Tensor
+    parts: list[tuple[int, dict]]
+    seconds: float
+
+
+def save_partial(
+    path: Path,
+    step: int,
+    digest: str,
+    config_json: str,
+    params: dict[str, torch.nn.Parameter],
+    done: PartialStep,
+) -> None:
+    """The gradients summed over a step's finished micro-batches, with what the step's record
+    needs and the torch RNG: one safetensors file, written atomically. `step` counts the steps
+    before this one; `digest` is `params_digest` of the parameters the gradients belong to."""
+    tensors = {f"grad.{n}": p.grad.detach().contiguous() for n, p in params.items() if p.grad is not None}
+    tensors["loss"] = done.loss.detach().reshape(1).contiguous()
+    tensors["rng.torch"] = torch.get_rng_state()
+    meta = {
+        "format": PARTIAL_FORMAT,
+        "step": str(step),
+        "params": digest,
+        "config": config_json,
+        "rows": str(done.rows),
+        "parts": json.dumps(done.parts),
+        "seconds": repr(done.seconds),
+    }
+    atomic_write_bytes(path, save(tensors, metadata=meta))
+
+
+def load_partial(
+    path: Path, step: int, digest: str, config_json: str, params: dict[str, torch.nn.Parameter]
+) -> PartialStep | None:
+    """Restore the gradients and RNG of `save_partial` when the partial belongs to this step of
+    this run on these parameters; None (nothing restored) for any other, which is stale, and for
+    an unreadable file (the step runs whole: the parts are redone, nothing else is lost)."""
+    try:
+        meta, tensors = read_safetensors(path, "partial training step")
+    except EdgememError:
+        return None
+    if (
+        meta.get("format") != PARTIAL_FORMAT
+        or meta.get("step") != str(step)
+        or meta.get("params") != digest
+        or _defining(meta.get("config", "")) != _defining(config_json)
+    ):
+        return None
+    for name, p in params.items():
+        grad = tensors.get(f"grad.{name}")
+        p.grad = None if grad is None else grad.to(p.device).clone()
+    torch.set_rng_state(tensors["rng.torch"])
+    parts = [(int(rows), stats) for rows, stats in json.loads(meta["parts"])]
+    loss = tensors["loss"].to(next(iter(params.values())).device).reshape(())
+    return PartialStep(int(meta["rows"]), loss, parts, float(meta["seconds"]))
+
+
 # ----- evaluation during training -----
 
 
@@ -971,6 +1047,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
     armt = run.armt
     out = run.out
     ckpt = out / "checkpoint.safetensors"
+    partial = out / "partial.safetensors"
     trainable = _trainable(armt)
     params = list(trainable.values())
     gates = [p for n, p in trainable.items() if _is_gate(n)]
@@ -1025,16 +1102,31 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         local_rows = list(range(run.rank, batch.written.shape[0], run.world))
         armt.train()
         optimizer.zero_grad(set_to_none=True)
-        loss, parts = torch.zeros((), device=armt.write_embeddings.device), []
         micro = config.micro_batch or len(local_rows)
-        for start in range(0, len(local_rows), micro):
+        # one process taking its step in parts keeps the parts done on disk (a resume goes on after them)
+        keeps_parts = run.world == 1 and micro < len(local_rows)
+        digest = params_digest(trainable) if keeps_parts else ""
+        done = PartialStep(0, torch.zeros((), device=armt.write_embeddings.device), [], 0.0)
+        if keeps_parts and partial.is_file():
+            found = load_partial(partial, step, digest, config.to_json(), trainable)
+            if found is None:
+                run.log(f"{partial} is not this step's on these parameters: step {step + 1} runs whole")
+            else:
+                done = found
+                run.log(f"step {step + 1} goes on after {done.rows} of its {len(local_rows)} rows")
+        resumed_rows = done.rows
+        for start in range(done.rows, len(local_rows), micro):
             rows = local_rows[start : start + micro]
             with autocast_context(armt, bf16):
                 part, part_stats = forward_loss(armt, batch.rows(rows), stage, batch.written.shape[0])
             part.backward()  # each part is already over the global batch: the gradients add up
-            loss = loss + part.detach()
-            parts.append((len(rows), part_stats))
-        stats = merge_stats(parts)
+            done.loss = done.loss + part.detach()
+            done.parts.append((len(rows), part_stats))
+            done.rows = start + len(rows)
+            if keeps_parts and done.rows < len(local_rows):
+                so_far = replace(done, seconds=done.seconds + time.perf_counter() - started)
+                save_partial(partial, step, digest, config.to_json(), trainable, so_far)
+        loss, stats = done.loss, merge_stats(done.parts)
         if run.world > 1:
             _all_reduce_grads(params, run.world)
             stats_loss = loss.detach().clone()
@@ -1047,7 +1139,7 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, 1.0))
         optimizer.step()
         step += 1
-        seconds = time.perf_counter() - started
+        seconds = done.seconds + time.perf_counter() - started  # a resumed step: both processes' parts
         tokens = (
             batch.written.numel()
             + batch.answer.numel()
@@ -1075,6 +1167,8 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             record["peak_cuda_mb"] = round(torch.cuda.max_memory_allocated() / 2**20)
         if "exact" in stats:
             record["exact"] = stats["exact"]
+        if resumed_rows:
+            record["resumed_rows"] = resumed_rows  # taken by an earlier process (their seconds count)
         if run.rank == 0:
             _append(log_path, record)
         last = step == stop_at
@@ -1084,6 +1178,8 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             if config.backbone != "full":  # a fully trained backbone is not an adapter
                 meta = {"train_steps": str(step), "train_config": config.to_json(), **adapter_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
+        if keeps_parts:  # the step is taken: its parts are stale (a resume before it finds another digest)
+            partial.unlink(missing_ok=True)
         if run.rank == 0 and evaluate:
             _evaluate(config, run, stage, step)
         if run.rank == 0 and (step % 10 == 0 or last):

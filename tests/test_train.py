@@ -202,6 +202,88 @@ def test_micro_batches_make_the_whole_batchs_update_in_a_smaller_ones_memory(tmp
         replace(config, micro_batch=-1)
 
 
+def _kill_at_call(monkeypatch, kill_at: int | None) -> list[int]:
+    """Count the micro-batch passes of `train` and raise KeyboardInterrupt (a Ctrl-C, or a kill as
+    far as the disk is concerned: nothing runs after it but the unwinding) at pass `kill_at`."""
+    import edgemem.train as train_module
+
+    calls, real = [], train_module.forward_loss
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "forward_loss", counted)
+    return calls
+
+
+def test_a_step_killed_between_its_micro_batches_goes_on_after_the_last_one_bit_for_bit(
+    tmp_path, monkeypatch
+):
+    """A step taken in micro-batches keeps the gradients of those done on disk: a run killed in
+    the third of step 2's four parts resumes with the two that were done (it runs two passes of
+    step 2, not four) and ends with the parameters, losses and stats of the run never killed."""
+    config = replace(tiny_config(steps=3), micro_batch=5, checkpoint_every=1)  # 16 rows: 5, 5, 5, 1
+    straight = tiny_run(config, tmp_path / "a")
+    train(config, straight)
+    run_dir = tmp_path / "b"
+    _kill_at_call(monkeypatch, kill_at=4 + 3)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tiny_run(config, run_dir))
+    assert (run_dir / "partial.safetensors").is_file()
+    calls = _kill_at_call(monkeypatch, kill_at=None)
+    resumed = tiny_run(config, run_dir)
+    assert train(config, resumed) == 3
+    assert len(calls) == 2 + 4
+    for (name, a), (_, b) in zip(
+        straight.armt.named_parameters(), resumed.armt.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
+    logs = [read_log(p / "log.jsonl")[0] for p in (tmp_path / "a", run_dir)]
+    for key in ("step", "loss", "segment_loss", "exact", "grad_norm"):
+        assert [r[key] for r in logs[0]] == [r[key] for r in logs[1]], key
+    assert [r.get("resumed_rows") for r in logs[1]] == [None, 10, None]
+    assert not (run_dir / "partial.safetensors").exists()  # a taken step leaves none behind
+
+
+def test_a_partial_step_of_other_parameters_or_unreadable_is_redone_whole(tmp_path, monkeypatch):
+    """The parts kept on disk are used only on the parameters they were computed on: a fresh run
+    killed in step 1 and started again from another init, or one whose partial file is garbage,
+    runs step 1 whole and ends as that run does with no partial ever written."""
+    config = replace(tiny_config(steps=1), micro_batch=5)
+
+    def other_run(out: Path) -> Run:  # another init: the run's parameters moved a little
+        run = tiny_run(config, out)
+        with torch.no_grad():
+            next(run.armt.parameters()).add_(0.01)
+        run.log = messages.append
+        return run
+
+    messages: list[str] = []
+    reference = other_run(tmp_path / "ref")
+    train(config, reference)
+    for case in ("other parameters", "garbage"):
+        run_dir = tmp_path / case.replace(" ", "-")
+        _kill_at_call(monkeypatch, kill_at=3)
+        with pytest.raises(KeyboardInterrupt):
+            train(config, tiny_run(config, run_dir))  # seed 0: the partial is of other parameters
+        if case == "garbage":
+            (run_dir / "partial.safetensors").write_bytes(b"not a safetensors file")
+        calls = _kill_at_call(monkeypatch, kill_at=None)
+        messages.clear()
+        resumed = other_run(run_dir)
+        assert train(config, resumed) == 1
+        assert len(calls) == 4, case
+        assert any("step 1 runs whole" in m for m in messages), case
+        for (name, a), (_, b) in zip(
+            reference.armt.named_parameters(), resumed.armt.named_parameters(), strict=True
+        ):
+            assert torch.equal(a, b), (case, name)
+        assert "resumed_rows" not in read_log(run_dir / "log.jsonl")[0][0]
+
+
 def test_more_processes_than_rows_in_a_batch_is_one_clear_error(tmp_path):
     config = tiny_config(steps=1)
     run = tiny_run(config, tmp_path)
