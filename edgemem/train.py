@@ -1178,8 +1178,8 @@ def _train(config: TrainConfig, run: Run, max_steps: int | None) -> int:
             if config.backbone != "full":  # a fully trained backbone is not an adapter
                 meta = {"train_steps": str(step), "train_config": config.to_json(), **adapter_meta}
                 save_adapter(armt, out / "adapter.safetensors", meta)
-        if keeps_parts:  # the step is taken: its parts are stale (a resume before it finds another digest)
-            partial.unlink(missing_ok=True)
+        if run.rank == 0:  # the step is taken: any partial is stale (one of this step, or left by a
+            partial.unlink(missing_ok=True)  # process that took its steps in other parts)
         if run.rank == 0 and evaluate:
             _evaluate(config, run, stage, step)
         if run.rank == 0 and (step % 10 == 0 or last):

@@ -268,7 +268,7 @@ def test_a_partial_step_of_other_parameters_or_unreadable_is_redone_whole(tmp_pa
         run_dir = tmp_path / case.replace(" ", "-")
         _kill_at_call(monkeypatch, kill_at=3)
         with pytest.raises(KeyboardInterrupt):
-            train(config, tiny_run(config, run_dir))  # seed 0: the partial is of other parameters
+            train(config, tiny_run(config, run_dir))  # unmoved: its partial is of other parameters
         if case == "garbage":
             (run_dir / "partial.safetensors").write_bytes(b"not a safetensors file")
         calls = _kill_at_call(monkeypatch, kill_at=None)
