@@ -284,6 +284,21 @@ def test_a_partial_step_of_other_parameters_or_unreadable_is_redone_whole(tmp_pa
         assert "resumed_rows" not in read_log(run_dir / "log.jsonl")[0][0]
 
 
+def test_a_step_taken_whole_removes_a_partial_left_by_micro_batches(tmp_path, monkeypatch):
+    """A run resumed with the whole batch at once (`--micro-batch` dropped) has no parts to keep,
+    and takes the step whole; the partial its micro-batched process left is removed with the step,
+    not left on disk for a later resume to find."""
+    config = replace(tiny_config(steps=1), micro_batch=5)
+    _kill_at_call(monkeypatch, kill_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, tiny_run(config, tmp_path))
+    assert (tmp_path / "partial.safetensors").is_file()
+    monkeypatch.undo()
+    whole = replace(config, micro_batch=0)
+    assert train(whole, tiny_run(whole, tmp_path)) == 1
+    assert not (tmp_path / "partial.safetensors").exists()
+
+
 def test_more_processes_than_rows_in_a_batch_is_one_clear_error(tmp_path):
     config = tiny_config(steps=1)
     run = tiny_run(config, tmp_path)
