@@ -224,7 +224,8 @@ def test_a_step_killed_between_its_micro_batches_goes_on_after_the_last_one_bit_
 ):
     """A step taken in micro-batches keeps the gradients of those done on disk: a run killed in
     the third of step 2's four parts resumes with the two that were done (it runs two passes of
-    step 2, not four) and ends with the parameters, losses and stats of the run never killed."""
+    step 2, not four) and ends with the parameters, losses and stats of the run never killed;
+    step 2's logged seconds add the killed process's parts to the resumed one's."""
     config = replace(tiny_config(steps=3), micro_batch=5, checkpoint_every=1)  # 16 rows: 5, 5, 5, 1
     straight = tiny_run(config, tmp_path / "a")
     train(config, straight)
@@ -232,7 +233,10 @@ def test_a_step_killed_between_its_micro_batches_goes_on_after_the_last_one_bit_
     _kill_at_call(monkeypatch, kill_at=4 + 3)
     with pytest.raises(KeyboardInterrupt):
         train(config, tiny_run(config, run_dir))
-    assert (run_dir / "partial.safetensors").is_file()
+    partial = run_dir / "partial.safetensors"
+    with safe_open(partial, "pt") as f:  # the killed process's parts: said to have taken 1000 s
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    save_file(tensors, str(partial), metadata={**meta, "seconds": "1000.0"})
     calls = _kill_at_call(monkeypatch, kill_at=None)
     resumed = tiny_run(config, run_dir)
     assert train(config, resumed) == 3
@@ -245,6 +249,8 @@ def test_a_step_killed_between_its_micro_batches_goes_on_after_the_last_one_bit_
     for key in ("step", "loss", "segment_loss", "exact", "grad_norm"):
         assert [r[key] for r in logs[0]] == [r[key] for r in logs[1]], key
     assert [r.get("resumed_rows") for r in logs[1]] == [None, 10, None]
+    # the resumed step's seconds count both processes' parts; the others, one process's own
+    assert logs[1][1]["seconds"] > 1000 > max(logs[1][0]["seconds"], logs[1][2]["seconds"])
     assert not (run_dir / "partial.safetensors").exists()  # a taken step leaves none behind
 
 
@@ -297,6 +303,69 @@ def test_a_step_taken_whole_removes_a_partial_left_by_micro_batches(tmp_path, mo
     whole = replace(config, micro_batch=0)
     assert train(whole, tiny_run(whole, tmp_path)) == 1
     assert not (tmp_path / "partial.safetensors").exists()
+
+
+def _cli_training_folder(root: Path) -> Path:
+    """What `edgemem train CONFIG` reads, small: a model folder (the tiny Llama and its character
+    tokenizer), a prose corpus with train and validation documents in EDGEMEM_HOME, and a config
+    of one two-step recall stage at batch 2. -> the config's path."""
+    from fuzz.helpers import tiny_model_folder
+
+    model = tiny_model_folder(root / "model")
+    corpora = root / "home" / "data" / "corpora"
+    corpora.mkdir(parents=True)
+    with open(corpora / "linux-doc.jsonl", "w") as handle:
+        for split in ("train", "validation"):
+            for d in range(4):  # 4 x 60 lines of ~55 characters: past the 10k tokens a stream needs
+                line = "The river {} flows past mill number {} before the sea.\n"
+                text = "".join(line.format(d, i) for i in range(60))
+                row = {"name": f"{split}{d}", "kind": "prose", "split": split, "sha256": f"{split}{d}"}
+                handle.write(json.dumps({**row, "text": text}) + "\n")
+    config = root / "run.toml"
+    config.write_text(
+        f'model = "{model}"\nbackbone = "lora"\nlora_rank = 2\nd_mem = 8\nnum_write_tokens = 2\n'
+        'checkpoint_every = 1\neval_every = 0\ncorpora = ["linux-doc"]\ncorpus_tokens = 20000\n\n'
+        '[[stage]]\nname = "recall"\ntask = "recall"\nsteps = 2\nsegment_len = 32\nsegments = [2]\n'
+        "lr = 1e-3\nwarmup = 1\nbatch_size = 2\n"
+    )
+    return config
+
+
+def test_edgemem_train_takes_micro_batches_from_its_option_and_the_same_command_resumes(
+    tmp_path, monkeypatch
+):
+    """The training command end to end (model folder, corpora, config, run folder): `--micro-batch
+    1` splits each batch of 2 into two passes (a Ctrl-C in step 2's second leaves the first on
+    disk, rows 1); the same command again goes on after it and ends the run; the adapter's
+    config says micro_batch 1. Protects the option's wiring and the README's resume promise."""
+    from typer.testing import CliRunner
+
+    from edgemem.cli import app
+
+    config = _cli_training_folder(tmp_path)
+    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    out = tmp_path / "run"
+    command = ["train", str(config), "--out", str(out), "--micro-batch", "1"]
+    runner = CliRunner()
+    first = runner.invoke(app, [*command, "--max-steps", "1"], catch_exceptions=False)
+    assert first.exit_code == 0, first.output
+    assert "step 1 of 2" in first.stderr
+    calls = _kill_at_call(monkeypatch, kill_at=2)  # step 2's second part
+    killed = runner.invoke(app, command, catch_exceptions=False)
+    assert killed.exit_code == 130 and len(calls) == 2, killed.output
+    with safe_open(out / "partial.safetensors", "pt") as f:
+        assert f.metadata()["rows"] == "1"
+    monkeypatch.undo()
+    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    resumed = runner.invoke(app, command, catch_exceptions=False)
+    assert resumed.exit_code == 0, resumed.output
+    assert "step 2 goes on after 1 of its 2 rows" in resumed.stderr
+    assert "step 2 of 2" in resumed.stderr
+    assert not (out / "partial.safetensors").exists()
+    steps, _ = read_log(out / "log.jsonl")
+    assert [r["step"] for r in steps] == [1, 2] and steps[1]["resumed_rows"] == 1
+    with safe_open(out / "adapter.safetensors", "pt") as f:
+        assert json.loads(f.metadata()["train_config"])["micro_batch"] == 1
 
 
 def test_more_processes_than_rows_in_a_batch_is_one_clear_error(tmp_path):
