@@ -355,10 +355,10 @@ def test_edgemem_train_takes_micro_batches_from_its_option_and_the_same_command_
     assert killed.exit_code == 130 and len(calls) == 2, killed.output
     with safe_open(out / "partial.safetensors", "pt") as f:
         assert f.metadata()["rows"] == "1"
-    monkeypatch.undo()
-    monkeypatch.setenv("EDGEMEM_HOME", str(tmp_path / "home"))
+    calls = _kill_at_call(monkeypatch, kill_at=None)
     resumed = runner.invoke(app, command, catch_exceptions=False)
     assert resumed.exit_code == 0, resumed.output
+    assert len(calls) == 1  # step 2's second part only
     assert "step 2 goes on after 1 of its 2 rows" in resumed.stderr
     assert "step 2 of 2" in resumed.stderr
     assert not (out / "partial.safetensors").exists()
