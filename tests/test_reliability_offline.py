@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fuzz.helpers import REPO, tiny_model_folder
+from fuzz.helpers import REPO, tiny_model_folder, write_corpora
 
 GUARD = """
 import os
@@ -142,22 +142,6 @@ def test_real_model_ask_makes_no_network_attempt(tmp_path):
     done, attempts = guarded(tmp_path, [*cli, "ask", str(doc), "What is the code?", "--max-new-tokens", "8"])
     assert done.returncode == 0, done.stderr[-2000:]
     assert attempts == []
-
-
-def write_corpora(data: Path) -> None:
-    """The three prose corpora the niah task reads (test split), small: made-up sentences."""
-    corpora = data / "corpora"
-    corpora.mkdir(parents=True, exist_ok=True)
-    for n, source in enumerate(("linux-doc", "python-doc", "gnu-manuals")):
-        with open(corpora / f"{source}.jsonl", "w") as handle:
-            for d in range(3):
-                text = "".join(
-                    f"The river {n}{d} flows past mill number {i} before it reaches the sea. "
-                    f"Nobody counts the boats on it.\n\n"
-                    for i in range(60)
-                )
-                row = {"name": f"doc{d}", "kind": "prose", "text": text, "split": "test", "sha256": "-"}
-                handle.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(scope="module")

@@ -234,8 +234,7 @@ def test_a_step_killed_between_its_micro_batches_goes_on_after_the_last_one_bit_
     with pytest.raises(KeyboardInterrupt):
         train(config, tiny_run(config, run_dir))
     partial = run_dir / "partial.safetensors"
-    with safe_open(partial, "pt") as f:  # the killed process's parts: said to have taken 1000 s
-        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    meta, tensors = read_safetensors(partial, "partial")  # the killed process's parts: said to take 1000 s
     save_file(tensors, str(partial), metadata={**meta, "seconds": "1000.0"})
     calls = _kill_at_call(monkeypatch, kill_at=None)
     resumed = tiny_run(config, run_dir)
@@ -307,20 +306,12 @@ def test_a_step_taken_whole_removes_a_partial_left_by_micro_batches(tmp_path, mo
 
 def _cli_training_folder(root: Path) -> Path:
     """What `edgemem train CONFIG` reads, small: a model folder (the tiny Llama and its character
-    tokenizer), a prose corpus with train and validation documents in EDGEMEM_HOME, and a config
-    of one two-step recall stage at batch 2. -> the config's path."""
-    from fuzz.helpers import tiny_model_folder
+    tokenizer), a prose corpus with train and validation documents in EDGEMEM_HOME (`root`/home),
+    and a config of one two-step recall stage at batch 2. -> the config's path."""
+    from fuzz.helpers import tiny_model_folder, write_corpora
 
     model = tiny_model_folder(root / "model")
-    corpora = root / "home" / "data" / "corpora"
-    corpora.mkdir(parents=True)
-    with open(corpora / "linux-doc.jsonl", "w") as handle:
-        for split in ("train", "validation"):
-            for d in range(4):  # 4 x 60 lines of ~55 characters: past the 10k tokens a stream needs
-                line = "The river {} flows past mill number {} before the sea.\n"
-                text = "".join(line.format(d, i) for i in range(60))
-                row = {"name": f"{split}{d}", "kind": "prose", "split": split, "sha256": f"{split}{d}"}
-                handle.write(json.dumps({**row, "text": text}) + "\n")
+    write_corpora(root / "home" / "data", splits=("train", "validation"))  # 18k tokens a split
     config = root / "run.toml"
     config.write_text(
         f'model = "{model}"\nbackbone = "lora"\nlora_rank = 2\nd_mem = 8\nnum_write_tokens = 2\n'

@@ -1,5 +1,5 @@
-"""What the reliability and fuzz tests share: a tiny model folder the CLI can load, running code
-without root's permission override, and checking that a library is consistent."""
+"""What the reliability and fuzz tests share: a tiny model folder the CLI can load, small corpora,
+running code without root's permission override, and checking that a library is consistent."""
 
 from __future__ import annotations
 
@@ -23,6 +23,24 @@ def tiny_model_folder(path: Path) -> Path:
         tiny_llama().save_pretrained(path)
         tiny_tokenizer().save_pretrained(path)
     return path
+
+
+def write_corpora(data: Path, splits: tuple[str, ...] = ("test",)) -> None:
+    """The three prose corpora the niah task reads, small, in `data`/corpora: three made-up
+    documents a split, each 60 sentences (~6k characters: the character tokenizer's tokens)."""
+    corpora = data / "corpora"
+    corpora.mkdir(parents=True, exist_ok=True)
+    for n, source in enumerate(("linux-doc", "python-doc", "gnu-manuals")):
+        with open(corpora / f"{source}.jsonl", "w") as handle:
+            for split in splits:
+                for d in range(3):
+                    text = "".join(
+                        f"The river {n}{d} flows past mill number {i} before it reaches the sea. "
+                        f"Nobody counts the boats on it.\n\n"
+                        for i in range(60)
+                    )
+                    row = {"name": f"doc{d}", "kind": "prose", "text": text, "split": split, "sha256": "-"}
+                    handle.write(json.dumps(row) + "\n")
 
 
 def run_unprivileged(code: str, timeout: float = 120) -> dict:
