@@ -1,5 +1,5 @@
 """What every `edgemem` command shares: the consoles, common options and the user-error wrapper;
-and for the scripts under scripts/, `run_piped` (a closed pipe ends them quietly).
+and for the scripts under scripts/, `run_script` (they end the same way).
 
 Every user mistake ends as one line on stderr ("error: ...") and a non-zero exit code.
 """
@@ -70,12 +70,25 @@ def user_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def run_piped(main: Callable[[], object]) -> None:
-    """Run a script's `main` so that a reader that closes the pipe early (`script | head`) ends it
-    quietly with exit 1, as other filters do, not in a BrokenPipeError traceback."""
+def run_script(main: Callable[[], object]) -> None:
+    """Run a script's `main` (scripts/) the way the commands end: a user mistake (an EdgememError,
+    or a file that cannot be opened) as one line "error: ..." on stderr and a non-zero exit, Ctrl-C
+    as exit 130, and a reader that closes the pipe early (`script | head`) quietly with exit 1, as
+    other filters do. An int that `main` returns is the exit code."""
     try:
-        main()
+        code = main()
         sys.stdout.flush()  # inside the try: a closed pipe surfaces here, not at interpreter exit
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+    except EdgememError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename is not None else ""
+        print(f"error: {exc.strerror or exc}{where}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

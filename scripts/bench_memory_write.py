@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from edgemem.cli_common import run_script
 from edgemem.memory import memory_write
 
 
@@ -57,4 +58,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgemem.armt import ADAPTER_FORMAT, ARMTConfig, answer_window_problem, read_adapter  # noqa: E402
+from edgemem.cli_common import run_script  # noqa: E402
 from edgemem.errors import EdgememError  # noqa: E402
 from edgemem.files import atomic_write_bytes, read_safetensors, sha256_file  # noqa: E402
 
@@ -185,4 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)

@@ -42,6 +42,7 @@ import torch
 
 from edgemem.armt import ARMT, MemoryLayer
 from edgemem.assistant import Assistant
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
 from edgemem.methods import ARMTMethod
@@ -211,4 +212,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

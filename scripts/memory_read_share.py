@@ -35,6 +35,7 @@ from torch import Tensor
 from edgemem import memory as memory_module
 from edgemem import methods as methods_module
 from edgemem.armt import MemoryLayer, MemoryState
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.methods import build
@@ -194,4 +195,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from edgemem.armt import ARMT, text_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.files import atomic_write_text
@@ -78,4 +79,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

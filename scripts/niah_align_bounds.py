@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from edgemem.armt import segment_bounds, sentence_end_ids, text_ids
-from edgemem.cli_common import run_piped
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
@@ -64,4 +64,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_piped(lambda: main(sys.argv[1:]))
+    run_script(lambda: main(sys.argv[1:]))

@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder, Item
 from edgemem.errors import EdgememError
 from edgemem.evaluate import parse_lengths, run
@@ -132,4 +133,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from edgemem.armt import answer_state, text_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import NIAH_PREFIX, NIAH_QUESTION, Builder, random_key
 from edgemem.evaluate import parse_lengths
 from edgemem.methods import ARMTMethod, build, chat_prompt
@@ -184,4 +185,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -23,6 +23,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import NIAH_NEEDLE, Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
@@ -105,4 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from edgemem.armt import MemoryState, text_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
 from edgemem.methods import PrefixStateCache, build
@@ -142,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

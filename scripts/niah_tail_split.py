@@ -33,6 +33,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from edgemem.armt import segment_bounds, sentence_end_ids, text_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import NIAH_NEEDLE, Builder
 from edgemem.evaluate import parse_lengths
 from edgemem.models import load_tokenizer
@@ -233,4 +234,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

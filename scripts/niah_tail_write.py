@@ -30,6 +30,7 @@ from collections import defaultdict
 import torch
 
 from edgemem.armt import answer_state, generate_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.evaluate import MAX_NEW_TOKENS, parse_lengths
 from edgemem.methods import ARMTMethod, build, chat_prompt
@@ -97,4 +98,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -40,6 +40,7 @@ from edgemem.armt import (  # noqa: E402
     text_ids,
     written_segments,
 )
+from edgemem.cli_common import run_script  # noqa: E402
 from edgemem.data.tasks import PROSE, Builder  # noqa: E402
 from edgemem.evaluate import MAX_NEW_TOKENS  # noqa: E402
 from edgemem.methods import ARMTMethod  # noqa: E402
@@ -134,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

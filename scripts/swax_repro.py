@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from edgemem.cli_common import run_script
 from edgemem.data import corpora
 from edgemem.data.tasks import PROSE, item_depth
 from edgemem.paths import data_dir
@@ -350,4 +351,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

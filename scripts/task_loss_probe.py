@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from edgemem.armt import ARMT, read_adapter  # noqa: E402
+from edgemem.cli_common import run_script  # noqa: E402
 from edgemem.data.tasks import PROSE, Builder  # noqa: E402
 from edgemem.models import load_model  # noqa: E402
 from edgemem.train import ProseTasks, Stage, forward_loss, prose_stream, step_rng  # noqa: E402
@@ -64,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -57,7 +57,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from edgemem.cli_common import run_piped
+from edgemem.cli_common import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "runs" / "ablations"
@@ -434,4 +434,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_piped(main)
+    run_script(main)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from edgemem.cli_common import run_script
 from edgemem.models import load_model
 from edgemem.train import load_config, step_rng, train_tasks
 
@@ -47,4 +48,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

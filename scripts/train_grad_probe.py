@@ -21,6 +21,7 @@ import torch
 
 from edgemem import memory
 from edgemem import train as T
+from edgemem.cli_common import run_script
 from edgemem.files import read_safetensors
 from edgemem.models import load_model
 
@@ -111,4 +112,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from edgemem.cli_common import run_piped
+from edgemem.cli_common import run_script
 
 
 def records(log: Path, until: int | None = None) -> list[dict]:
@@ -64,4 +64,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    run_piped(lambda: main(sys.argv[1:]))
+    run_script(lambda: main(sys.argv[1:]))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from edgemem import train as T
 from edgemem.armt import ARMT, ARMTConfig
+from edgemem.cli_common import run_script
 from edgemem.memory import AssociativeMemory
 from edgemem.models import load_model
 
@@ -161,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from edgemem.cli_common import run_script
 from edgemem.models import load_model
 from edgemem.train import ProseTasks, Stage, TrainConfig, build_armt, cached_stream, forward_loss
 
@@ -67,4 +68,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

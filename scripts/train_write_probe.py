@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from edgemem import train as T
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import NIAH_NEEDLE
 from edgemem.files import read_safetensors
 from edgemem.models import load_model
@@ -120,4 +121,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

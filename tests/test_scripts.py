@@ -1,0 +1,71 @@
+"""The scripts under scripts/ end the way the commands do (`edgemem.cli_common.run_script`): a user
+mistake as one line on stderr and a non-zero exit, a reader that closes the pipe early quietly.
+Each runs as a user runs it: `python scripts/NAME.py ...` in its own process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from fuzz.helpers import REPO, write_corpora
+
+
+def run_script(args: list[str], home, close_stdout: bool = False) -> tuple[int, str]:
+    """Run scripts/`args[0]` with EDGEMEM_HOME=`home`; (exit code, stderr). With `close_stdout`,
+    the reader is gone before the interpreter has started: every write meets a closed pipe."""
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / args[0]), *args[1:]],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "EDGEMEM_HOME": str(home)},
+    )
+    if close_stdout:
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+    else:
+        stderr = proc.communicate(timeout=120)[1].decode()
+    return proc.wait(timeout=120), stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train_ablations.py", "cost"],
+        ["train_loss_table.py", "docs/train/ablations-avx2-7c152bb2e60d/layers-low/log.jsonl"],
+        ["niah_align_bounds.py", "--length", "1k", "-n", "1"],
+    ],
+)
+def test_scripts_piped_into_a_closed_reader_stop_without_a_traceback(args, tmp_path):
+    """`train_ablations.py cost | head -1`, `niah_align_bounds.py ... | head`: the reader is gone
+    before the script writes; it exits 1 with nothing on stderr (each used to end in a
+    BrokenPipeError traceback)."""
+    write_corpora(tmp_path / "data")  # niah_align_bounds builds its items from the prose corpora
+    assert run_script(args, tmp_path, close_stdout=True) == (1, "")
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["niah_align_bounds.py", "--length", "1k", "-n", "1"],
+            "error: corpus 'linux-doc' is not prepared: run `edgemem data prepare`",
+        ),
+        (["niah_align_bounds.py", "--length", "1kk"], "error: bad length '1kk': use numbers like"),
+        (
+            ["train_loss_table.py", "{tmp}/missing.jsonl"],
+            "error: No such file or directory: {tmp}/missing.jsonl",
+        ),
+        (["train_loss_table.py", "{tmp}"], "error: Is a directory: {tmp}"),
+        (["blend_adapters.py", "{tmp}/a.safetensors", "{tmp}/b.safetensors", "--distances"], "error: "),
+    ],
+)
+def test_a_user_mistake_in_a_script_is_one_line_and_a_non_zero_exit(args, line, tmp_path):
+    """Corpora not prepared, a bad length bin, a log that is missing or a folder, adapters that do
+    not exist: one line "error: ..." and exit 1, no traceback (these used to end in one, and
+    blend_adapters' own `return 1` must still reach the exit code)."""
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    code, stderr = run_script(args, tmp_path)
+    assert code == 1
+    assert len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith(line.replace("{tmp}", str(tmp_path))), stderr
