@@ -10,7 +10,7 @@ import pytest
 from fuzz.helpers import REPO, write_corpora
 
 
-def run_script(args: list[str], home, close_stdout: bool = False) -> tuple[int, str]:
+def run_as_user(args: list[str], home, close_stdout: bool = False) -> tuple[int, str]:
     """Run scripts/`args[0]` with EDGEMEM_HOME=`home`; (exit code, stderr). With `close_stdout`,
     the reader is gone before the interpreter has started: every write meets a closed pipe."""
     proc = subprocess.Popen(
@@ -41,7 +41,7 @@ def test_scripts_piped_into_a_closed_reader_stop_without_a_traceback(args, tmp_p
     before the script writes; it exits 1 with nothing on stderr (each used to end in a
     BrokenPipeError traceback)."""
     write_corpora(tmp_path / "data")  # niah_align_bounds builds its items from the prose corpora
-    assert run_script(args, tmp_path, close_stdout=True) == (1, "")
+    assert run_as_user(args, tmp_path, close_stdout=True) == (1, "")
 
 
 @pytest.mark.parametrize(
@@ -62,10 +62,10 @@ def test_scripts_piped_into_a_closed_reader_stop_without_a_traceback(args, tmp_p
 )
 def test_a_user_mistake_in_a_script_is_one_line_and_a_non_zero_exit(args, line, tmp_path):
     """Corpora not prepared, a bad length bin, a log that is missing or a folder, adapters that do
-    not exist: one line "error: ..." and exit 1, no traceback (these used to end in one, and
+    not exist: one line "error: ..." and exit 1, no traceback (the first four used to end in one;
     blend_adapters' own `return 1` must still reach the exit code)."""
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    code, stderr = run_script(args, tmp_path)
+    code, stderr = run_as_user(args, tmp_path)
     assert code == 1
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert stderr.startswith(line.replace("{tmp}", str(tmp_path))), stderr
