@@ -11,21 +11,26 @@ import psutil
 
 from edgemem import methods
 from edgemem.armt import text_ids
+from edgemem.cli_common import run_script
 from edgemem.data.tasks import Builder
 from edgemem.models import load_tokenizer
 
-process = psutil.Process()
-
 
 def mb() -> str:
+    """This process's resident set now and its peak so far."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return f"rss {process.memory_info().rss / 2**20:.0f} MB, peak {peak:.0f} MB"
+    return f"rss {psutil.Process().memory_info().rss / 2**20:.0f} MB, peak {peak:.0f} MB"
 
 
-item = Builder(load_tokenizer()).item("niah", 16384, 0, 1)
-print("item built:", mb())
-method = methods.build("armt", "smollm2-135m-instruct", "hf")
-print("model loaded:", mb())
-ids = text_ids(item.context, method.tokenizer)
-method.cache.ingest(ids)
-print(f"16k ingested, {len(method.cache._states)} states cached:", mb())
+def main() -> None:
+    item = Builder(load_tokenizer()).item("niah", 16384, 0, 1)
+    print("item built:", mb())
+    method = methods.build("armt", "smollm2-135m-instruct", "hf")
+    print("model loaded:", mb())
+    ids = text_ids(item.context, method.tokenizer)
+    method.cache.ingest(ids)
+    print(f"16k ingested, {len(method.cache._states)} states cached:", mb())
+
+
+if __name__ == "__main__":
+    run_script(main)

@@ -11,22 +11,13 @@ Seconds are those recorded, on whatever machine ran each line; lines with a `dty
 by it (`armt float32`, `armt bfloat16`).
 """
 
+import argparse
 import collections
-import sys
 from pathlib import Path
 
+from edgemem.cli_common import run_script
+from edgemem.errors import EdgememError
 from edgemem.evaluate import load_records
-
-results = Path(sys.argv[sys.argv.index("--results") + 1]) if "--results" in sys.argv else Path("docs/eval")
-seconds: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
-for record in load_records(results):
-    if record["model"] == "smollm2-135m-instruct" and record["task"] == "niah" and record["length"] <= 32768:
-        method = f"{record['method']} {record['dtype']}" if "dtype" in record else record["method"]
-        seconds[(method, record["length"])].append(record["seconds"])
-for method in sorted({m for m, _ in seconds}):
-    bins = sorted(length for m, length in seconds if m == method)
-    total = sum(100 * sum(seconds[(method, n)]) / len(seconds[(method, n)]) for n in bins)
-    print(f"{method:22s} bins {len(bins)} -> {total / 3600:.1f} h for 100 items/bin")
 
 
 def compute_floor() -> None:
@@ -63,5 +54,30 @@ def compute_floor() -> None:
         )
 
 
-if __name__ == "__main__" and "--floor" in sys.argv:
-    compute_floor()
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("docs/eval"), help="results folder (docs/eval)")
+    parser.add_argument("--floor", action="store_true", help="and the compute floor of this CPU")
+    args = parser.parse_args()
+    records = load_records(args.results)
+    if not records:
+        raise EdgememError(f"no results in {args.results}")
+    seconds: dict[tuple[str, int], list[float]] = collections.defaultdict(list)
+    for record in records:
+        if (
+            record["model"] == "smollm2-135m-instruct"
+            and record["task"] == "niah"
+            and record["length"] <= 32768
+        ):
+            method = f"{record['method']} {record['dtype']}" if "dtype" in record else record["method"]
+            seconds[(method, record["length"])].append(record["seconds"])
+    for method in sorted({m for m, _ in seconds}):
+        bins = sorted(length for m, length in seconds if m == method)
+        total = sum(100 * sum(seconds[(method, n)]) / len(seconds[(method, n)]) for n in bins)
+        print(f"{method:22s} bins {len(bins)} -> {total / 3600:.1f} h for 100 items/bin")
+    if args.floor:
+        compute_floor()
+
+
+if __name__ == "__main__":
+    run_script(main)

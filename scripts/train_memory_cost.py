@@ -19,9 +19,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import subprocess
 import sys
 import time
+
+from edgemem.cli_common import run_script
+from edgemem.errors import EdgememError
 
 
 def status_mb(field: str) -> float:
@@ -122,6 +126,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--cell", nargs=3, metavar=("SEGMENTS", "MODE", "AUTOCAST"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    bad = [m for m in args.modes if not re.fullmatch(r"full|checkpointing|bptt[1-9][0-9]*", m)]
+    if bad:
+        parser.error(f"unknown mode {bad[0]!r}: use full, checkpointing or bptt<K> (K segments)")
+    if min(args.batch, *args.segments) < 1:
+        parser.error("--batch and --segments must be at least 1")
     if args.cell:
         segments, mode, autocast = args.cell
         print(json.dumps(cell(int(segments), mode, autocast == "on", args.batch)))
@@ -141,8 +150,13 @@ def main() -> None:
                     mode,
                     autocast,
                 ]
-                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-                row = json.loads(out.strip().splitlines()[-1])
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:  # the child's own last line: its error, or its traceback's
+                    last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                    raise EdgememError(
+                        f"cell {segments} {mode} autocast {autocast}: {last.removeprefix('error: ')}"
+                    )
+                row = json.loads(proc.stdout.strip().splitlines()[-1])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("per extra written segment (least squares over the segment counts):")
@@ -168,4 +182,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -26,6 +26,10 @@ import importlib
 import subprocess
 import sys
 
+from edgemem.cli_common import run_script
+from edgemem.errors import EdgememError
+
+MODULES = ("tensorrt", "tensorrt_rtx")
 PROBES = ("plugin-api", "network-add-plugin-v3", "onnx-custom-node", "cpp-plugin-no-gpu")
 
 
@@ -162,17 +166,21 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - the probe reports whatever stops it
             print(f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}", flush=True)
         return
+    if len(sys.argv) > 2:
+        raise EdgememError("usage: python scripts/trt_plugin_probe.py [tensorrt|tensorrt_rtx]")
     module = sys.argv[1] if len(sys.argv) > 1 else None
-    if module is None:
-        for candidate in ("tensorrt", "tensorrt_rtx"):
-            try:
-                importlib.import_module(candidate)
-            except ImportError:
-                continue
-            module = candidate
-            break
-    if module is None:
-        sys.exit("no TensorRT module imports (pip install tensorrt-rtx-cu13)")
+    if module is not None and module not in MODULES:
+        raise EdgememError(f"unknown module {module!r}: use {' or '.join(MODULES)}")
+    for candidate in MODULES if module is None else (module,):
+        try:
+            importlib.import_module(candidate)
+        except ImportError:
+            continue
+        module = candidate
+        break
+    else:
+        named = f"{module} does not import" if module else "no TensorRT module imports"
+        raise EdgememError(f"{named} (pip install tensorrt-rtx-cu13)")
     version = importlib.import_module(module).__version__
     print(f"{module} {version}")
     for name in PROBES:
@@ -192,4 +200,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -58,14 +58,37 @@ def test_scripts_piped_into_a_closed_reader_stop_without_a_traceback(args, tmp_p
         ),
         (["train_loss_table.py", "{tmp}"], "error: Is a directory: {tmp}"),
         (["blend_adapters.py", "{tmp}/a.safetensors", "{tmp}/b.safetensors", "--distances"], "error: "),
+        (["project_niah_sweep.py", "--results", "{tmp}/none"], "error: no results in {tmp}/none"),
+        (["int8_niah.py", "{tmp}/a", "{tmp}/b"], "error: engine {tmp}/a does not exist"),
+        (["armt_eval_rss.py"], "error: corpus 'linux-doc' is not prepared"),
+        (["trt_plugin_probe.py", "tensorrt_llm"], "error: unknown module 'tensorrt_llm'"),
     ],
 )
 def test_a_user_mistake_in_a_script_is_one_line_and_a_non_zero_exit(args, line, tmp_path):
-    """Corpora not prepared, a bad length bin, a log that is missing or a folder, adapters that do
-    not exist: one line "error: ..." and exit 1, no traceback (the first four used to end in one;
-    blend_adapters' own `return 1` must still reach the exit code)."""
+    """Corpora not prepared, a bad length bin, a log that is missing or a folder, adapters, a
+    results folder or engine bundles that do not exist, a module that is not TensorRT: one line
+    "error: ..." and exit 1, no traceback (all but blend_adapters used to end in one, or in
+    project_niah_sweep's case in an empty table; blend_adapters' own `return 1` must still reach
+    the exit code)."""
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     code, stderr = run_as_user(args, tmp_path)
     assert code == 1
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert stderr.startswith(line.replace("{tmp}", str(tmp_path))), stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["train_memory_cost.py", "--modes", "bptt"], "unknown mode 'bptt': use full, checkpointing"),
+        (["diagonal_batching_bound.py", "0"], "rounds must be at least 1"),
+    ],
+)
+def test_a_bad_script_argument_is_refused_before_any_work(args, line, tmp_path):
+    """A measurement mode that does not exist, zero rounds: argparse's usage and error line, exit 2,
+    before a model loads (`--modes bptt` used to measure full back-propagation under that name;
+    zero rounds ended in a StatisticsError after the model had loaded)."""
+    code, stderr = run_as_user(args, tmp_path)
+    assert code == 2
+    assert f"error: {line}" in stderr.strip().splitlines()[-1], stderr
+    assert "Traceback" not in stderr
