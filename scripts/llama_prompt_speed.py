@@ -9,21 +9,25 @@ import random
 import time
 
 from edgemem.cli_common import run_script
+from edgemem.errors import EdgememError
 from edgemem.methods import LlamaGenerator
 from edgemem.models import resolve_source
 
 
 def main() -> None:
+    threads = os.environ.get("T", "2")
+    if not threads.isdigit() or int(threads) < 1:
+        raise EdgememError(f"T={threads!r}: llama.cpp threads must be a whole number, at least 1")
     _, gguf = resolve_source("smollm2-135m-instruct")
-    generator = LlamaGenerator(gguf, 4096, threads=int(os.environ.get("T", "2")))
-    random.seed(0)
+    generator = LlamaGenerator(gguf, 4096, threads=int(threads))
+    rng = random.Random(0)
     for _trial in range(2):
-        ids = [random.randrange(100, 40000) for _ in range(1024)]
+        ids = [rng.randrange(100, 40000) for _ in range(1024)]
         generator.llm.reset()
         start = time.perf_counter()
         _out, computed = generator.generate(ids, 1, set())
         rate = computed / (time.perf_counter() - start)
-        print(f"threads {os.environ.get('T', '2')}: {rate:.0f} prompt tokens/s")
+        print(f"threads {threads}: {rate:.0f} prompt tokens/s")
 
 
 if __name__ == "__main__":
