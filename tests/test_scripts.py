@@ -92,3 +92,29 @@ def test_a_bad_script_argument_is_refused_before_any_work(args, line, tmp_path):
     assert code == 2
     assert f"error: {line}" in stderr.strip().splitlines()[-1], stderr
     assert "Traceback" not in stderr
+
+
+def test_the_train_validate_driver_stops_where_training_fails(tmp_path):
+    """`scripts/train_validate.sh CONFIG NAME` on a config `edgemem train` refuses: the command's own
+    line and its exit code, and nothing after it (no log copied into docs/train/, nothing staged,
+    nothing read): a failed run must not go on to stage and read whatever adapter RUN held. Without
+    its arguments: the usage line and exit 2."""
+    env = {
+        **os.environ,
+        "EDGEMEM_HOME": str(tmp_path),
+        "PATH": f"{os.path.dirname(sys.executable)}{os.pathsep}{os.environ['PATH']}",  # `edgemem`
+    }
+    driver = str(REPO / "scripts" / "train_validate.sh")
+    (tmp_path / "bad.toml").write_text('model = "smollm2-135m-instruct"\nlr = \n')
+    for args, code, line in [
+        ([], 2, "usage: scripts/train_validate.sh CONFIG NAME [LENGTHS]"),
+        (["missing.toml", "run"], 1, "error: no config at missing.toml"),
+        (["bad.toml", "run"], 1, "error: "),
+    ]:
+        proc = subprocess.run(
+            ["bash", driver, *args], cwd=tmp_path, env=env, capture_output=True, timeout=120
+        )
+        stderr = proc.stderr.decode()
+        assert proc.returncode == code, stderr
+        assert len(stderr.strip().splitlines()) == 1 and stderr.startswith(line), stderr
+    assert not (tmp_path / "docs").exists() and not (tmp_path / "runs" / "stage-run").exists()
