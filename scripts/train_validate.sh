@@ -37,7 +37,7 @@ read_bins() { # TASK SPLIT RESULTS LENGTH...: each bin by two one-thread readers
         pids=()
         for _ in 1 2; do
             OMP_NUM_THREADS=1 edgemem eval --task "$task" --lengths "$length" -n 20 --dtype float32 \
-                --adapter "$STAGE/smollm2-135m-instruct.safetensors" --split "$split" \
+                --adapter "$ADAPTER" --split "$split" \
                 --results "$results" &
             pids+=($!)
         done
@@ -52,6 +52,9 @@ mkdir -p "docs/train/$NAME"
 cp "$RUN/log.jsonl" "$RUN/curves.png" "docs/train/$NAME/"
 python scripts/ship_adapter.py "$RUN/adapter.safetensors" --run "docs/train/$NAME" --out "$STAGE" \
     --segment-align 48
+# ship_adapter names the staged file after the config's model
+MODEL=$(python -c 'import sys; from edgemem.train import load_config; print(load_config(sys.argv[1]).model)' "$CONFIG")
+ADAPTER=$STAGE/$MODEL.safetensors
 # shellcheck disable=SC2086 # LENGTHS is a list
 read_bins niah validation "$VAL" $LENGTHS
 # A bin's count as `edgemem eval plot` makes it: the staged adapter's lines on the latest corpora
