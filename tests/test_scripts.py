@@ -109,7 +109,7 @@ def test_the_train_validate_driver_stops_where_training_fails(tmp_path):
     for args, code, line in [
         ([], 2, "usage: scripts/train_validate.sh CONFIG NAME [LENGTHS]"),
         (["missing.toml", "run"], 1, "error: no config at missing.toml"),
-        (["bad.toml", "run"], 1, "error: "),
+        (["bad.toml", "run"], 1, "error: training config bad.toml is not valid TOML"),
     ]:
         proc = subprocess.run(
             ["bash", driver, *args], cwd=tmp_path, env=env, capture_output=True, timeout=120
